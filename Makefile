@@ -1,0 +1,67 @@
+# hybridtrain — two commands do all set-up:  `make demo`  and  `make test`.
+# Each creates/updates .venv from the pinned set (requirements/lock.txt) by itself.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.hybridtrain-installed
+export DVC_NO_ANALYTICS := 1
+export MLFLOW_DISABLE_TELEMETRY := true
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+PREFECT_PORT ?= 4200
+MLFLOW_PORT  ?= 5000
+UI_API := http://127.0.0.1:$(PREFECT_PORT)/api
+
+.PHONY: venv demo test ui ui-stop deploy worker bench lock clean
+
+venv: $(STAMP)
+
+# torch first, pinned: the registry's newest torch would pull several GB of CUDA packages.
+# Then the whole pinned set (every transitive version fixed, so pip never backtracks).
+$(STAMP): requirements/lock.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -r requirements/lock.txt
+	$(BIN)/pip install -q --no-deps -e .
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/hybridtrain demo
+
+test: venv
+	$(BIN)/python -m pytest
+
+# Prefect UI + API and MLflow UI on loopback, over the same stores `make demo` wrote.
+ui: venv
+	@mkdir -p .hybridtrain/logs
+	PREFECT_HOME=$(CURDIR)/.hybridtrain/prefect nohup $(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT) \
+		> .hybridtrain/logs/prefect-server.log 2>&1 & echo $$! > .hybridtrain/logs/prefect-server.pid
+	nohup $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/.hybridtrain/mlflow/mlflow.db \
+		--default-artifact-root $(CURDIR)/.hybridtrain/mlflow/artifacts --host 127.0.0.1 --port $(MLFLOW_PORT) \
+		> .hybridtrain/logs/mlflow-ui.log 2>&1 & echo $$! > .hybridtrain/logs/mlflow-ui.pid
+	@echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)   MLflow UI: http://127.0.0.1:$(MLFLOW_PORT)"
+	@echo "Logs in .hybridtrain/logs/; stop both with 'make ui-stop'."
+
+ui-stop:
+	-@for f in .hybridtrain/logs/*.pid; do [ -f $$f ] && kill $$(cat $$f) 2>/dev/null; rm -f $$f; done; true
+
+# Pools, blocks and deployments on the server started by `make ui` (or PREFECT_API_URL).
+deploy: venv
+	PREFECT_API_URL=$${PREFECT_API_URL:-$(UI_API)} $(BIN)/hybridtrain deploy
+
+# One process worker per pool (environment), in the foreground; Ctrl-C stops them.
+worker: venv
+	PREFECT_API_URL=$${PREFECT_API_URL:-$(UI_API)} PREFECT_WORKER_QUERY_SECONDS=2 \
+		sh -c '$(BIN)/prefect worker start --pool onprem --type process & \
+		       $(BIN)/prefect worker start --pool cloud --type process & wait'
+
+bench: venv
+	$(BIN)/python benchmarks/orchestration_overhead.py
+
+# Regenerate the pinned set after changing dependencies in pyproject.toml.
+lock: venv
+	$(BIN)/pip freeze --exclude-editable | sed 's/^torch==2.13.0+cpu/torch==2.13.0/' > requirements/lock.txt
+
+clean:
+	rm -rf .hybridtrain data/curated data/approved
