@@ -1,0 +1,146 @@
+"""ConfigFile: a YAML document validated into a pydantic model, with every problem located.
+
+Specs, the sites catalog and the policy are all YAML files a person edits by hand, so a mistake
+must come back as ``file: field.path (line N): what is wrong`` for *every* problem at once,
+never as a traceback or only the first error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from hybridtrain.errors import Problem, SpecError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def dotted(loc: Iterable[Any]) -> str:
+    """Render a pydantic error location as ``a.b[2].c``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _line_index(text: str) -> dict[tuple[Any, ...], int]:
+    """Map each key path in a YAML document to its 1-based line number (best effort)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    index: dict[tuple[Any, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[Any, ...]) -> None:
+        index.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                key = key_node.value
+                index[path + (key,)] = key_node.start_mark.line + 1
+                walk(value_node, path + (key,))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, path + (i,))
+
+    if root is not None:
+        walk(root, ())
+    return index
+
+
+def _nearest_line(index: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int | None:
+    for cut in range(len(loc), -1, -1):
+        if loc[:cut] in index:
+            return index[loc[:cut]]
+    return None
+
+
+def problems_from_validation_error(
+    err: ValidationError, lines: dict[tuple[Any, ...], int] | None = None
+) -> list[Problem]:
+    """One ``Problem`` per pydantic error, with the field path and (when known) its line."""
+    problems = []
+    for e in err.errors(include_url=False):
+        loc = tuple(e["loc"])
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (remove it or check its spelling)"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        elif e["type"] == "literal_error" and "expected" in (e.get("ctx") or {}):
+            msg = f"must be {e['ctx']['expected']}"
+        # pydantic wraps ValueErrors from validators as "Value error, ..."; keep the message.
+        msg = msg.removeprefix("Value error, ")
+        problems.append(Problem(dotted(loc), msg, _nearest_line(lines or {}, loc)))
+    return problems
+
+
+def read_yaml(path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:
+    """Parse a YAML file; raise ``SpecError`` naming the file and line for missing/unparsable files."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(str(path), [Problem("", "file not found; check the path")])
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(str(path), [Problem("", f"not valid YAML: {problem}", line)]) from None
+    if data is None:
+        raise SpecError(str(path), [Problem("", "file is empty; expected a YAML mapping")])
+    return data, _line_index(text)
+
+
+def load_model(
+    model: type[M],
+    path: Path | str,
+    *,
+    semantic: Callable[[M], list[Problem]] | None = None,
+) -> M:
+    """Load ``path`` into ``model``; run ``semantic`` checks; raise one ``SpecError`` with all problems."""
+    data, lines = read_yaml(Path(path))
+    return validate_data(model, data, source=str(path), lines=lines, semantic=semantic)
+
+
+def validate_data(
+    model: type[M],
+    data: Any,
+    *,
+    source: str,
+    lines: dict[tuple[Any, ...], int] | None = None,
+    semantic: Callable[[M], list[Problem]] | None = None,
+) -> M:
+    """Validate already-parsed data (e.g. a spec passed as a Prefect parameter)."""
+    if not isinstance(data, dict):
+        raise SpecError(source, [Problem("", f"expected a mapping, got {type(data).__name__}")])
+    try:
+        obj = model.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(source, problems_from_validation_error(err, lines)) from None
+    if semantic is not None:
+        problems = semantic(obj)
+        if problems:
+            located = [
+                Problem(p.path, p.message, p.line or _nearest_line(lines or {}, _split(p.path)))
+                for p in problems
+            ]
+            raise SpecError(source, located)
+    return obj
+
+
+def _split(path: str) -> tuple[Any, ...]:
+    parts: list[Any] = []
+    for chunk in path.replace("]", "").split("."):
+        name, *idx = chunk.split("[")
+        if name:
+            parts.append(name)
+        parts.extend(int(i) for i in idx if i.isdigit())
+    return tuple(parts)

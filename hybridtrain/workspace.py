@@ -1,0 +1,114 @@
+"""Workspace: the project checkout a control plane works in — its DVC data, configs and local state.
+
+Everything hybridtrain writes on the embedded defaults lives under the workspace: datasets and
+their ``.dvc`` pointers under ``data/``, and local state under ``.hybridtrain/`` (Prefect's
+SQLite database, the MLflow store and artifacts, the directories standing for site stores,
+per-site working copies). Settings resolve with one precedence, documented in the README:
+CLI flag > environment (``HYBRIDTRAIN_*``) > job spec > default. Nothing is created until a
+method that needs a directory is called.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+STATE_DIR = ".hybridtrain"
+SECRET_BLOCK = "hybridtrain-pseudonym-key"
+
+
+class Settings(BaseSettings):
+    """Environment-level settings (``HYBRIDTRAIN_<NAME>``); CLI flags override them."""
+
+    model_config = SettingsConfigDict(env_prefix="HYBRIDTRAIN_", extra="ignore")
+
+    home: Path | None = Field(None, description="Workspace root; default: the current directory.")
+    sites_file: Path | None = Field(None, description="Sites catalog; default deployments/sites.yaml.")
+    policy_file: Path | None = Field(None, description="Placement policy; default deployments/policy.yaml.")
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; default a SQLite store in .hybridtrain/mlflow."
+    )
+    experiment: str = Field("hybridtrain", description="MLflow experiment for lifecycle runs.")
+    pseudonym_key_block: str = Field(SECRET_BLOCK, description="Prefect Secret block holding the pseudonym key.")
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Paths of one workspace. Construct with ``Workspace.resolve`` to apply settings precedence."""
+
+    root: Path
+    sites_file: Path
+    policy_file: Path
+    tracking_uri: str
+    experiment: str = "hybridtrain"
+    pseudonym_key_block: str = SECRET_BLOCK
+
+    @classmethod
+    def resolve(
+        cls,
+        root: Path | str | None = None,
+        *,
+        sites_file: Path | str | None = None,
+        policy_file: Path | str | None = None,
+        tracking_uri: str | None = None,
+        settings: Settings | None = None,
+    ) -> Workspace:
+        """Explicit arguments (CLI flags) win over ``HYBRIDTRAIN_*`` settings, which win over defaults."""
+        s = settings or Settings()
+        base = Path(root or s.home or Path.cwd()).resolve()
+
+        def under(p: Path | str | None, default: str) -> Path:
+            path = Path(p) if p is not None else base / default
+            return path if path.is_absolute() else (base / path)
+
+        state = base / STATE_DIR
+        uri = tracking_uri or s.mlflow_tracking_uri or f"sqlite:///{state / 'mlflow' / 'mlflow.db'}"
+        return cls(
+            root=base,
+            sites_file=under(sites_file or s.sites_file, "deployments/sites.yaml"),
+            policy_file=under(policy_file or s.policy_file, "deployments/policy.yaml"),
+            tracking_uri=uri,
+            experiment=s.experiment,
+            pseudonym_key_block=s.pseudonym_key_block,
+        )
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / STATE_DIR
+
+    @property
+    def mlflow_artifacts(self) -> Path:
+        return self.state_dir / "mlflow" / "artifacts"
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.state_dir / "prefect"
+
+    def site_workdir(self, site: str) -> Path:
+        """A site's working copy (its own DVC cache and checkouts), as a host at that site would have."""
+        return self.state_dir / "sites" / site
+
+    def tier_path(self, tier: str, job: str) -> str:
+        """Workspace-relative path of a job's dataset at a tier (curated, approved)."""
+        return f"data/{tier}/{job}"
+
+    def path(self, relative: str) -> Path:
+        return self.root / relative
+
+    def prefect_env(self) -> dict[str, str]:
+        """Environment that points Prefect at this workspace's embedded server database.
+
+        Used only when the user has not configured Prefect (no ``PREFECT_API_URL`` and no
+        ``PREFECT_HOME``): then runs are stored in ``.hybridtrain/prefect`` so ``make ui``
+        shows them. A configured Prefect server always wins.
+        """
+        if os.environ.get("PREFECT_API_URL") or os.environ.get("PREFECT_HOME"):
+            return {}
+        return {
+            "PREFECT_HOME": str(self.prefect_home),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        }

@@ -1,0 +1,34 @@
+"""Shared fixtures: quiet third-party telemetry and a throwaway workspace with the project's configs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("GIT_AUTHOR_NAME", "hybridtrain-tests")
+os.environ.setdefault("GIT_AUTHOR_EMAIL", "tests@hybridtrain.invalid")
+os.environ.setdefault("GIT_COMMITTER_NAME", "hybridtrain-tests")
+os.environ.setdefault("GIT_COMMITTER_EMAIL", "tests@hybridtrain.invalid")
+
+
+def make_workspace(dest: Path) -> Path:
+    """A fresh git repo with the project's sites/policy/jobs files (no data, no state)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel in ("deployments", "jobs"):
+        shutil.copytree(ROOT / rel, dest / rel, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    subprocess.run(["git", "init", "-q", str(dest)], check=True)
+    return dest
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    return make_workspace(tmp_path / "ws")
