@@ -1,0 +1,94 @@
+"""PartitionedDataset: a table stored as Parquet files by split and entity-hash partition.
+
+Layout: ``<dir>/split=<train|val|test>/part-<NNNNN>.parquet``. Rows go to a partition by a
+keyed hash of their entity key, are sorted by that key inside it, and are written with fixed
+writer settings, so a partition whose rows did not change is byte-identical to its previous
+version; DVC's content addressing then moves only the partitions that changed. A directory is
+written next to the target and swapped in whole, so readers never see a half-written version.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SPLITS = ("train", "val", "test")
+SPLIT_COL = "split"
+PARTITION_COL = "partition"
+
+
+def keyed_hash(values: pd.Series, salt: str) -> np.ndarray:
+    """Stable 64-bit hash of each value (as text) under a salt; same input, same output, any platform."""
+    key = (salt.encode() + b"\0" * 16)[:16].decode("latin-1")
+    return pd.util.hash_pandas_object(values.astype("string"), index=False, hash_key=key).to_numpy()
+
+
+def unit_interval(values: pd.Series, salt: str) -> np.ndarray:
+    """Map each value to a stable number in [0, 1) (for splits and sampling that survive data changes)."""
+    return (keyed_hash(values, salt) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def write(frame: pd.DataFrame, target: Path, sort_by: str | None) -> list[Path]:
+    """Write ``frame`` (with split and partition columns) as a new version of ``target``, atomically."""
+    missing = {SPLIT_COL, PARTITION_COL} - set(frame.columns)
+    if missing:
+        raise ValueError(f"frame lacks layout columns {sorted(missing)}")
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    written: list[Path] = []
+    try:
+        for (split, part), rows in frame.groupby([SPLIT_COL, PARTITION_COL], sort=True, observed=True):
+            if sort_by is not None:
+                rows = rows.sort_values(sort_by, kind="mergesort")
+            rows = rows.drop(columns=[SPLIT_COL]).reset_index(drop=True)
+            out = staging / f"split={split}" / f"part-{int(part):05d}.parquet"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            table = pa.Table.from_pandas(rows, preserve_index=False)
+            # Drop pandas' schema metadata: it embeds library versions and would change bytes.
+            table = table.replace_schema_metadata(None)
+            pq.write_table(table, out, compression="zstd", write_statistics=True, use_dictionary=True)
+            written.append(target / out.relative_to(staging))
+        _swap(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return written
+
+
+def _swap(staging: Path, target: Path) -> None:
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+    os.replace(staging, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def files(directory: Path, splits: Iterable[str] | None = None) -> Iterator[Path]:
+    wanted = set(splits) if splits is not None else None
+    for split_dir in sorted(Path(directory).glob("split=*")):
+        split = split_dir.name.split("=", 1)[1]
+        if wanted is None or split in wanted:
+            yield from sorted(split_dir.glob("part-*.parquet"))
+
+
+def read(directory: Path, splits: Iterable[str] | None = None) -> pd.DataFrame:
+    """Read the dataset (or some splits of it) back, with the split column restored."""
+    frames = []
+    for f in files(directory, splits):
+        df = pq.read_table(f).to_pandas()
+        df[SPLIT_COL] = f.parent.name.split("=", 1)[1]
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame()
+    return pd.concat(frames, ignore_index=True)
