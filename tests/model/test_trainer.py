@@ -1,0 +1,305 @@
+import itertools
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from hybridtrain.checkpoint import CheckpointStore
+from hybridtrain.errors import DataError, Preempted, SpecError
+from hybridtrain.object_store import LocalObjectStore
+from hybridtrain.spec import CheckpointSpec, FeatureSpec, ModelSpec
+from hybridtrain.trainer import Trainer, epoch_permutation
+
+LABEL = "churned"
+FEATURES = FeatureSpec(numeric=["tenure", "charges", "streaming"], categorical=["contract"])
+# 2000 train rows / batch 128 = 16 steps per epoch (the last one 80 rows), 48 in all.
+SPEC = ModelSpec(features=FEATURES, hidden_layers=[16, 8], dropout=0.1, epochs=3, batch_size=128,
+                 learning_rate=0.01, seed=11)
+STEPS_PER_EPOCH = 16
+TOTAL_STEPS = 48
+EVERY_10 = CheckpointSpec(interval_steps=10, keep_last=3)
+
+
+def make_frame(n: int, seed: int) -> pd.DataFrame:
+    """Synthetic churn-like rows whose label a small model can learn (plus some noise and gaps)."""
+    rng = np.random.default_rng(seed)
+    tenure = rng.integers(1, 72, n).astype(float)
+    charges = rng.normal(70, 20, n)
+    contract = rng.choice(["monthly", "annual", "two_year"], n, p=[0.5, 0.3, 0.2])
+    streaming = rng.random(n) < 0.4
+    logit = (-0.08 * (tenure - 36) + 0.05 * (charges - 70) + np.where(contract == "monthly", 2.0, -1.5)
+             + 0.5 * streaming)
+    churned = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(int)
+    charges[rng.random(n) < 0.05] = np.nan
+    return pd.DataFrame({"tenure": tenure, "charges": charges, "contract": contract, "streaming": streaming,
+                         LABEL: churned})
+
+
+TRAIN = make_frame(2000, seed=1)
+VAL = make_frame(500, seed=2)
+
+
+def ckpt_store(tmp_path, keep_last=3) -> CheckpointStore:
+    return CheckpointStore.for_run(LocalObjectStore(tmp_path / "store"), "churn", "run-1", keep_last=keep_last)
+
+
+def trainer(store, checkpoint=EVERY_10, spec=SPEC) -> Trainer:
+    return Trainer(spec, checkpoint, store, LABEL, device="cpu", threads=1, job="churn")
+
+
+def stop_after(step: int):
+    """A should_stop flag that trips once the trainer has asked ``step`` times (once per step)."""
+    calls = itertools.count(1)
+    return lambda: next(calls) >= step
+
+
+def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), f"parameter {name} differs"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One uninterrupted run that the resumed runs must reproduce exactly."""
+    epochs = []
+    result = trainer(ckpt_store(tmp_path_factory.mktemp("ref"))).fit(
+        TRAIN, VAL, on_epoch=lambda e, m: epochs.append((e, m))
+    )
+    return result, epochs
+
+
+def test_model_learns_and_clearly_beats_the_majority_class(reference):
+    result, epochs = reference
+    final = result.history[-1]
+    majority = max(VAL[LABEL].mean(), 1 - VAL[LABEL].mean())
+    assert final["val_accuracy"] > majority + 0.1
+    assert final["val_auc"] > 0.85
+    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
+
+    assert result.global_step == TOTAL_STEPS
+    assert result.epochs_completed == 3
+    assert result.resumed_from_step is None
+    assert [e for e, _ in epochs] == [0, 1, 2]
+    assert {"train_loss", "val_auc", "val_log_loss", "val_n", "val_positive_rate"} <= set(epochs[0][1])
+    assert [h["epoch"] for h in result.history] == [0, 1, 2]
+    assert result.best_epoch in (0, 1, 2)
+    assert result.best_val_metric == max(h["val_auc"] for h in result.history)
+    assert not result.model.training
+    assert all(p.device.type == "cpu" for p in result.model.parameters())
+    assert result.samples_per_second > 0
+    assert result.featurizer.n_features == 3 + 1 + 4  # charges has gaps in train: indicator column
+
+
+def test_checkpoints_follow_the_step_interval_and_retention_keeps_n(tmp_path, reference):
+    store = ckpt_store(tmp_path)
+    result = trainer(store, CheckpointSpec(interval_steps=10, keep_last=2)).fit(TRAIN, VAL)
+    # Steps 10, 20, 30, 40 by the interval, then the final one at 48.
+    assert result.checkpoints_written == 5
+    assert [c.step for c in store.list()] == [40, 48]
+    assert result.last_checkpoint == store.list()[-1]
+    state, info = store.latest_valid()
+    assert info.step == 48
+    assert state["progress"]["epoch"] == 3
+    assert len(state["progress"]["history"]) == 3
+    assert_same_weights(result.model, reference[0].model)  # checkpointing does not change training
+
+
+def test_checkpoints_follow_the_time_interval_on_the_injected_clock(tmp_path):
+    store = ckpt_store(tmp_path, keep_last=100)
+    clock = itertools.count(0, 20).__next__  # 20 "seconds" pass per call, one call per step
+    result = trainer(store, CheckpointSpec(interval_steps=None, interval_minutes=1, keep_last=100)).fit(
+        TRAIN, VAL, clock=clock
+    )
+    steps = [c.step for c in store.list()]
+    assert steps == list(range(3, TOTAL_STEPS + 1, 3)) + [TOTAL_STEPS]
+    assert result.checkpoints_written == len(steps)
+
+
+def test_epoch_permutation_depends_only_on_seed_and_epoch():
+    assert torch.equal(epoch_permutation(100, 3, 1), epoch_permutation(100, 3, 1))
+    assert not torch.equal(epoch_permutation(100, 3, 1), epoch_permutation(100, 3, 2))
+    assert not torch.equal(epoch_permutation(100, 3, 1), epoch_permutation(100, 4, 1))
+
+
+@pytest.mark.parametrize(
+    "stop_at",
+    [1, 10, 23, STEPS_PER_EPOCH, TOTAL_STEPS],
+    ids=["first-step", "on-interval", "mid-epoch", "last-step-of-epoch", "last-step"],
+)
+def test_preempted_run_resumes_bit_identical(tmp_path, reference, stop_at):
+    ref, ref_epochs = reference
+    store = ckpt_store(tmp_path)
+    with pytest.raises(Preempted) as err:
+        trainer(store).fit(TRAIN, VAL, should_stop=stop_after(stop_at))
+    assert err.value.step == stop_at
+    assert err.value.job == "churn"
+    newest = store.list()[-1]
+    assert newest.step == stop_at
+    assert err.value.checkpoint == newest.key
+    assert [c.step for c in store.list()].count(stop_at) == 1  # an interval save at that step is reused
+
+    epochs = []
+    resumed = trainer(store).fit(TRAIN, VAL, on_epoch=lambda e, m: epochs.append((e, m)))
+    assert resumed.resumed_from_step == stop_at
+    assert resumed.global_step == TOTAL_STEPS
+    assert_same_weights(resumed.model, ref.model)
+    assert resumed.history == ref.history
+    # Epochs whose validation had not happened before the stop are reported after the resume.
+    first_unreported = stop_at // STEPS_PER_EPOCH if stop_at % STEPS_PER_EPOCH else stop_at // STEPS_PER_EPOCH - 1
+    assert epochs == ref_epochs[first_unreported:]
+
+
+def test_twice_preempted_run_still_bit_identical(tmp_path, reference):
+    store = ckpt_store(tmp_path)
+    with pytest.raises(Preempted):
+        trainer(store).fit(TRAIN, VAL, should_stop=stop_after(7))
+    with pytest.raises(Preempted) as err:
+        trainer(store).fit(TRAIN, VAL, should_stop=stop_after(30))
+    assert err.value.step == 37
+    resumed = trainer(store).fit(TRAIN, VAL)
+    assert resumed.resumed_from_step == 37
+    assert_same_weights(resumed.model, reference[0].model)
+
+
+def test_resume_after_finished_run_returns_the_same_model_without_training(tmp_path, reference):
+    store = ckpt_store(tmp_path)
+    trainer(store).fit(TRAIN, VAL)
+    before = len(store.list())
+    again = trainer(store).fit(TRAIN, VAL)
+    assert again.resumed_from_step == TOTAL_STEPS
+    assert again.checkpoints_written == 0
+    assert len(store.list()) == before
+    assert_same_weights(again.model, reference[0].model)
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, reference, caplog):
+    store = ckpt_store(tmp_path)
+    with pytest.raises(Preempted):
+        trainer(store).fit(TRAIN, VAL, should_stop=stop_after(23))
+    assert [c.step for c in store.list()] == [10, 20, 23]
+    newest = store.list()[-1]
+    path = store.store.root / newest.key
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 8):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+    with caplog.at_level(logging.WARNING, logger="hybridtrain.checkpoint"):
+        resumed = trainer(store).fit(TRAIN, VAL)
+    assert newest.key in caplog.text
+    assert resumed.resumed_from_step == 20
+    assert_same_weights(resumed.model, reference[0].model)
+
+
+def test_resume_on_different_training_rows_warns(tmp_path, caplog):
+    store = ckpt_store(tmp_path)
+    with pytest.raises(Preempted):
+        trainer(store).fit(TRAIN, VAL, should_stop=stop_after(5))
+    with caplog.at_level(logging.WARNING, logger="hybridtrain.trainer"):
+        result = trainer(store, spec=SPEC.model_copy(update={"epochs": 1})).fit(TRAIN.iloc[:-1], VAL)
+    assert result.resumed_from_step == 5
+    assert "different training rows" in caplog.text
+
+
+def test_resume_with_a_different_model_spec_is_refused(tmp_path):
+    store = ckpt_store(tmp_path)
+    with pytest.raises(Preempted):
+        trainer(store).fit(TRAIN, VAL, should_stop=stop_after(5))
+    changed = SPEC.model_copy(update={"hidden_layers": [32]})
+    with pytest.raises(SpecError) as err:
+        trainer(store, spec=changed).fit(TRAIN, VAL)
+    assert err.value.problems[0].path == "model.hidden_layers"
+    assert "new checkpoint prefix" in str(err.value)
+
+
+def test_more_epochs_extend_a_finished_run(tmp_path, reference):
+    store = ckpt_store(tmp_path)
+    trainer(store).fit(TRAIN, VAL)
+    longer = trainer(store, spec=SPEC.model_copy(update={"epochs": 4})).fit(TRAIN, VAL)
+    assert longer.resumed_from_step == TOTAL_STEPS
+    assert longer.global_step == TOTAL_STEPS + STEPS_PER_EPOCH
+    assert longer.history[:3] == reference[0].history
+
+
+def test_empty_train_frame_is_a_data_error(tmp_path):
+    with pytest.raises(DataError) as err:
+        trainer(ckpt_store(tmp_path)).fit(TRAIN.iloc[:0], VAL)
+    assert err.value.dataset == "train"
+    assert "no rows" in str(err.value)
+
+
+def test_missing_label_is_a_data_error_naming_the_column(tmp_path):
+    with pytest.raises(DataError) as err:
+        trainer(ckpt_store(tmp_path)).fit(TRAIN.drop(columns=LABEL), VAL)
+    assert err.value.problems[0].path == LABEL
+    assert "schema.label" in str(err.value)
+
+
+def test_non_binary_label_is_a_data_error_naming_the_column(tmp_path):
+    bad = TRAIN.assign(**{LABEL: TRAIN[LABEL] * 2})  # values 0 and 2
+    with pytest.raises(DataError) as err:
+        trainer(ckpt_store(tmp_path)).fit(bad, VAL)
+    assert err.value.problems[0].path == LABEL
+    assert "binary" in str(err.value)
+    assert "2" in str(err.value)
+
+
+def test_text_and_bool_labels_are_accepted(tmp_path):
+    text = TRAIN.assign(**{LABEL: TRAIN[LABEL].map({0: "false", 1: "True"})})
+    boolean = VAL.assign(**{LABEL: VAL[LABEL].astype(bool)})
+    spec = SPEC.model_copy(update={"epochs": 1})
+    result = trainer(ckpt_store(tmp_path), spec=spec).fit(text, boolean)
+    assert result.history[0]["val_auc"] > 0.8
+
+
+def test_single_class_validation_split_is_refused_before_training(tmp_path):
+    store = ckpt_store(tmp_path)
+    with pytest.raises(DataError) as err:
+        trainer(store).fit(TRAIN, VAL[VAL[LABEL] == 1])
+    assert err.value.dataset == "val"
+    assert "single class" in str(err.value)
+    assert store.list() == []
+
+
+def test_missing_feature_column_is_a_data_error_naming_it(tmp_path):
+    with pytest.raises(DataError) as err:
+        trainer(ckpt_store(tmp_path)).fit(TRAIN, VAL.drop(columns="contract"))
+    assert err.value.dataset == "val"
+    assert [p.path for p in err.value.problems] == ["contract"]
+
+
+def test_checkpoint_state_is_weights_only_and_restores_numpy_and_python_rngs(tmp_path):
+    import random
+
+    from hybridtrain import trainer as trainer_module
+
+    store = ckpt_store(tmp_path)
+    with pytest.raises(Preempted):
+        trainer(store).fit(TRAIN, VAL, should_stop=stop_after(3))
+    state, _ = store.latest_valid()  # loaded with torch.load(weights_only=True)
+    assert set(state) >= {"model", "optimizer", "featurizer", "progress", "rng", "model_spec"}
+    assert state["progress"] == {**state["progress"], "epoch": 0, "step_in_epoch": 3, "global_step": 3}
+
+    # Training draws only from torch, so numpy and random still hold their seeded states.
+    np.random.seed(SPEC.seed)
+    random.seed(SPEC.seed)
+    expected = (np.random.rand(3).tolist(), [random.random() for _ in range(3)])
+    np.random.seed(0)
+    random.seed(0)
+    trainer_module._restore_rng(state["rng"], torch.device("cpu"))
+    assert (np.random.rand(3).tolist(), [random.random() for _ in range(3)]) == expected
+
+
+def test_training_modules_import_no_tracking_or_orchestration_client():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hybridtrain.trainer, hybridtrain.evaluation, hybridtrain.checkpoint;"
+        "bad = [m for m in ('mlflow', 'prefect') if m in sys.modules]; assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
