@@ -7,6 +7,7 @@ never as a traceback or only the first error.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -124,7 +125,22 @@ def validate_data(
     try:
         obj = model.model_validate(data)
     except ValidationError as err:
-        raise SpecError(source, problems_from_validation_error(err, lines)) from None
+        problems = problems_from_validation_error(err, lines)
+        if semantic is not None:
+            # Best effort to report *every* problem: drop the fields that failed and, if the rest
+            # validates, run the cross-field checks too (a fix-one-rerun loop wastes the user's time).
+            try:
+                rest = model.model_validate(_pruned(data, err))
+            except ValidationError:
+                pass
+            else:
+                seen = {p.path for p in problems}
+                problems += [
+                    Problem(p.path, p.message, p.line or _nearest_line(lines or {}, _split(p.path)))
+                    for p in semantic(rest)
+                    if p.path not in seen
+                ]
+        raise SpecError(source, problems) from None
     if semantic is not None:
         problems = semantic(obj)
         if problems:
@@ -134,6 +150,22 @@ def validate_data(
             ]
             raise SpecError(source, located)
     return obj
+
+
+def _pruned(data: Any, err: ValidationError) -> Any:
+    """A copy of ``data`` without the values at the failing locations (defaults fill them back)."""
+    out = copy.deepcopy(data)
+    for e in err.errors(include_url=False):
+        node, loc = out, list(e["loc"])
+        for part in loc[:-1]:
+            try:
+                node = node[part]
+            except (KeyError, IndexError, TypeError):
+                node = None
+                break
+        if isinstance(node, dict) and loc and loc[-1] in node:
+            del node[loc[-1]]
+    return out
 
 
 def _split(path: str) -> tuple[Any, ...]:

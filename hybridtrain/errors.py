@@ -78,13 +78,13 @@ class LeakDetected(HybridtrainError):
         self.hits = hits
         self.examples = examples
         detail = ", ".join(
-            f"{col}: {n} value(s) from the raw column (e.g. in {examples.get(col, '?')})"
+            f"{n} raw value(s) of sensitive column {col} (found in {examples.get(col, '?')})"
             for col, n in sorted(hits.items())
         )
         super().__init__(
-            f"leak scan of {dataset} found raw sensitive values, so nothing was synced: {detail}. "
-            "Give these columns a treatment other than 'keep' (drop, pseudonym or generalize) "
-            "in sensitive.columns of the job spec."
+            f"leak scan of {dataset} found {detail}, so nothing was synced. If a value sits in another "
+            "column, that column carries personal data: declare it in sensitive.columns with a treatment "
+            "(drop, pseudonym or generalize), or fix the export that copied it there."
         )
 
 
