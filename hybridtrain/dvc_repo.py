@@ -124,6 +124,14 @@ class DvcRepo:
                 r.close()
         return repo
 
+    def ignore(self, pattern: str) -> None:
+        """Make DVC skip ``pattern`` (gitignore syntax) when collecting pointers, via ``.dvcignore``."""
+        path = self.root / ".dvcignore"
+        lines = path.read_text().splitlines() if path.exists() else []
+        if pattern not in lines:
+            with self._locked():
+                path.write_text("\n".join([*lines, pattern]) + "\n")
+
     @contextmanager
     def _locked(self) -> Iterator[None]:
         try:

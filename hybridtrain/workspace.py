@@ -111,4 +111,6 @@ class Workspace:
         return {
             "PREFECT_HOME": str(self.prefect_home),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            # The first start creates the SQLite schema; on a busy 2-core machine that takes > 20 s.
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         }

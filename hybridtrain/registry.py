@@ -1,0 +1,245 @@
+"""Registry: the MLflow tracking store and model registry — runs, lineage, model versions and aliases.
+
+One lifecycle execution is one MLflow run; each stage logs into it by run id (no hidden
+active-run state between stages). Datasets are logged as run inputs whose source is the DVC
+object of the exact version and whose digest is its DVC md5. Models are logged with the
+``pickle`` serialization format on purpose: ``pt2`` (MLflow's default) needs torch.export and
+a TensorSpec input example for every model, while our tabular MLP is a plain ``nn.Module``
+loaded back by our own code; the featurizer travels with it as an extra file. Promotion is an
+alias move (``champion``), the previous champion stays reachable as ``previous``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+CHAMPION = "champion"
+PREVIOUS = "previous"
+FEATURIZER_FILE = "featurizer.json"
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    model_uri: str
+    model_id: str | None
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    name: str
+    version: str
+    run_id: str | None
+    tags: dict[str, str]
+    aliases: list[str]
+    source: str
+
+
+def _quiet() -> None:
+    # MLflow prints alembic migration chatter and "emoji run links" to the console on first use.
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+
+
+class Registry:
+    """MLflow tracking + registry at one URI (SQLite file on the embedded default, a server otherwise)."""
+
+    def __init__(self, tracking_uri: str, artifact_root: Path | str | None = None):
+        _quiet()
+        from mlflow import MlflowClient
+
+        self.tracking_uri = tracking_uri
+        self.artifact_root = Path(artifact_root) if artifact_root else None
+        if tracking_uri.startswith("sqlite:///"):
+            Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+    # -- runs --------------------------------------------------------------------------------
+
+    def experiment_id(self, name: str) -> str:
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        location = None
+        if self.artifact_root is not None:
+            location = (self.artifact_root / name).resolve().as_uri()
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.create_experiment(name, artifact_location=location)
+        except MlflowException:  # another process created it first; read it back
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def start_run(self, experiment: str, run_name: str, tags: dict[str, str]) -> str:
+        run = self.client.create_run(self.experiment_id(experiment), run_name=run_name, tags=tags)
+        return run.info.run_id
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status=status)
+
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        if params:
+            self.client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int | None = None) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        rows = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v is not None]
+        if rows:
+            self.client.log_batch(run_id, metrics=rows)
+
+    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        if tags:
+            self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
+        self.client.log_text(run_id, text, artifact_file)
+
+    def log_dict(self, run_id: str, data: Any, artifact_file: str) -> None:
+        self.client.log_text(run_id, json.dumps(data, indent=2, sort_keys=True, default=str), artifact_file)
+
+    @contextmanager
+    def _active(self, run_id: str) -> Iterator[None]:
+        import mlflow
+
+        mlflow.set_tracking_uri(self.tracking_uri)
+        mlflow.set_registry_uri(self.tracking_uri)
+        with mlflow.start_run(run_id=run_id, log_system_metrics=False):
+            yield
+
+    def log_dataset(self, run_id: str, *, name: str, digest: str, source: str, context: str,
+                    tags: dict[str, str]) -> None:
+        """Record a dataset version as a run input (mlflow.data) whose source is its DVC object."""
+        import mlflow
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+
+        with warnings.catch_warnings():
+            # A local path matches two equivalent local-source classes; MLflow warns and picks one.
+            warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+            resolved = resolve_dataset_source(source)
+        ds = MetaDataset(resolved, name=name, digest=digest[:36])
+        with self._active(run_id):
+            mlflow.log_input(ds, context=context, tags=tags)
+
+    # -- models ------------------------------------------------------------------------------
+
+    def log_model(self, run_id: str, model: Any, featurizer: dict[str, Any], n_features: int) -> ModelRef:
+        import mlflow
+        import mlflow.pytorch
+        import numpy as np
+        import torch
+        from mlflow.models import infer_signature
+
+        example = np.zeros((2, n_features), dtype=np.float32)
+        with torch.no_grad():
+            out = model(torch.from_numpy(example)).numpy()
+        signature = infer_signature(example, out)
+        with tempfile.TemporaryDirectory() as tmp:
+            fpath = Path(tmp) / FEATURIZER_FILE
+            fpath.write_text(json.dumps(featurizer, sort_keys=True))
+            with self._active(run_id), warnings.catch_warnings():
+                # We chose pickle on purpose (see the module docstring); MLflow warns about it on every call.
+                warnings.filterwarnings("ignore", message=".*Pickle or CloudPickle.*")
+                logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)
+                info = mlflow.pytorch.log_model(
+                    model,
+                    name="model",
+                    serialization_format="pickle",
+                    signature=signature,
+                    input_example=example,
+                    extra_files=[str(fpath)],
+                    # Explicit requirements: inference would import-scan the model in a subprocess.
+                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "hybridtrain"],
+                )
+        return ModelRef(model_uri=info.model_uri, model_id=getattr(info, "model_id", None))
+
+    def register(self, model_uri: str, name: str, run_id: str, tags: dict[str, Any]) -> VersionInfo:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_registered_model(name)
+        except MlflowException:
+            self.client.create_registered_model(name, description="Registered by hybridtrain.")
+        mv = self.client.create_model_version(
+            name, source=model_uri, run_id=run_id, tags={k: str(v) for k, v in tags.items()}
+        )
+        return self.version(name, mv.version)
+
+    @staticmethod
+    def _info(mv: Any) -> VersionInfo:
+        # MLflow 3 returns versions as int from some calls and str from others; we use str.
+        return VersionInfo(mv.name, str(mv.version), mv.run_id, dict(mv.tags), list(mv.aliases), mv.source)
+
+    def version(self, name: str, version: str) -> VersionInfo:
+        return self._info(self.client.get_model_version(name, str(version)))
+
+    def by_alias(self, name: str, alias: str) -> VersionInfo | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            mv = self.client.get_model_version_by_alias(name, alias)
+        except MlflowException:
+            return None
+        return self._info(mv)
+
+    def set_version_tags(self, name: str, version: str, tags: dict[str, Any]) -> None:
+        for k, v in tags.items():
+            self.client.set_model_version_tag(name, version, k, str(v))
+
+    def move_champion(self, name: str, version: str) -> str | None:
+        """Point ``champion`` at ``version``; the version it replaces becomes ``previous``."""
+        current = self.by_alias(name, CHAMPION)
+        if current is not None and current.version != version:
+            self.client.set_registered_model_alias(name, PREVIOUS, current.version)
+        self.client.set_registered_model_alias(name, CHAMPION, version)
+        return current.version if current else None
+
+    def versions(self, name: str) -> list[VersionInfo]:
+        out = [self._info(mv) for mv in self.client.search_model_versions(f"name = '{name}'")]
+        return sorted(out, key=lambda v: int(v.version))
+
+    def load(self, name: str, version: str) -> tuple[Any, dict[str, Any]]:
+        """Load a registered version's torch model and its featurizer."""
+        return self.load_uri(f"models:/{name}/{version}")
+
+    def load_uri(self, model_uri: str) -> tuple[Any, dict[str, Any]]:
+        """Load a logged model (``models:/...`` or ``runs:/...``) and the featurizer stored with it."""
+        import mlflow
+        import mlflow.pytorch
+
+        mlflow.set_tracking_uri(self.tracking_uri)
+        mlflow.set_registry_uri(self.tracking_uri)
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp))
+            model = mlflow.pytorch.load_model(str(local), map_location="cpu")
+            featurizer = json.loads((local / "extra_files" / FEATURIZER_FILE).read_text())
+        model.eval()
+        return model, featurizer
+
+    def recent_runs(self, experiment: str, limit: int = 10) -> list[Any]:
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            return []
+        return list(self.client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"],
+                                            max_results=limit))

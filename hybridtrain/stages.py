@@ -1,0 +1,423 @@
+"""Stage: one step of the training lifecycle as a plain function from versioned inputs to versioned outputs.
+
+preprocess → anonymize → sync → train → evaluate → promote. Each takes and returns DVC dataset
+versions or registry entries (never hidden globals), so a stage can run at any site that can
+reach the stores, and a Prefect task wraps exactly one of these calls. The same functions,
+called in sequence, are the plain-Python baseline of the orchestration benchmark.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from hybridtrain import partitioned
+from hybridtrain.dvc_repo import DatasetVersion, DvcRepo
+from hybridtrain.errors import DataError, Problem
+from hybridtrain.lineage import Lineage, code_version
+from hybridtrain.preprocess import Preprocessor
+from hybridtrain.registry import CHAMPION, Registry
+from hybridtrain.sites import Site, SitesCatalog
+from hybridtrain.spec import JobSpec
+from hybridtrain.transfer import DataMover, TransferRecord
+from hybridtrain.workspace import Workspace
+
+DVC_SUBDIR = "dvc"
+CHECKPOINT_SUBDIR = "objects"
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+class PreprocessResult(BaseModel):
+    raw: DatasetVersion
+    curated: DatasetVersion
+    report: dict[str, Any]
+    site: str
+    seconds: float
+
+
+class AnonymizeResult(BaseModel):
+    approved: DatasetVersion
+    report: dict[str, Any]
+    leak_scan: dict[str, Any]
+    rows_sampled_out: int
+    site: str
+    seconds: float
+
+
+class SyncResult(BaseModel):
+    dataset: DatasetVersion
+    transfer: TransferRecord | None = Field(None, description="None when the data was already at the site.")
+    site: str
+    seconds: float
+
+
+class TrainOutput(BaseModel):
+    site: str
+    model_uri: str
+    model_id: str | None
+    run_key: str
+    history: list[dict[str, float]]
+    global_step: int
+    epochs_completed: int
+    resumed_from_step: int | None
+    checkpoints_written: int
+    last_checkpoint: str | None
+    device: str
+    seconds: float
+    samples_per_second: float
+
+
+class EvaluateResult(BaseModel):
+    metrics: dict[str, float]
+    champion_version: str | None
+    champion_metrics: dict[str, float] | None
+    better: bool
+    delta: float | None
+    reason: str
+    threshold_failures: list[str]
+    site: str
+    seconds: float
+
+
+class PromoteResult(BaseModel):
+    model_name: str
+    version: str
+    promoted: bool
+    champion_version: str | None
+    previous_version: str | None
+    reasons: list[str]
+    seconds: float
+
+
+# -- environment -----------------------------------------------------------------------------
+
+
+def load_sites(ws: Workspace) -> SitesCatalog:
+    return SitesCatalog.load(ws.sites_file)
+
+
+def remotes_for(ws: Workspace, sites: SitesCatalog) -> dict[str, str]:
+    """Every site's store as a DVC remote named after the site."""
+    return {s.dvc_remote: f"{s.store_url(ws.root)}/{DVC_SUBDIR}" for s in sites.sites}
+
+
+def workspace_repo(ws: Workspace, sites: SitesCatalog, data_site: str) -> DvcRepo:
+    """The workspace's DVC repo (the on-prem gateway checkout), remotes from the sites catalog.
+
+    Local state (site working copies, MLflow artifacts) lives under ``.hybridtrain/`` inside the
+    workspace; it holds DVC repos and pointers of its own, which the workspace repo must ignore.
+    """
+    repo = DvcRepo.ensure(ws.root, remotes_for(ws, sites), default_remote=sites.get(data_site).dvc_remote)
+    repo.ignore(f"/{ws.state_dir.name}/")
+    return repo
+
+
+def site_repo(ws: Workspace, site: Site) -> DvcRepo:
+    """A site's own working copy: what a host at that site would have — its cache, its store."""
+    remote = {site.dvc_remote: f"{site.store_url(ws.root)}/{DVC_SUBDIR}"}
+    return DvcRepo.ensure(ws.site_workdir(site.name), remote, default_remote=site.dvc_remote, scm=False)
+
+
+def checkpoint_store(ws: Workspace, site: Site):
+    """The site's object store (checkpoints, artifacts) as an ObjectStore."""
+    from hybridtrain.object_store import LocalObjectStore
+
+    return LocalObjectStore(Path(site.store_url(ws.root)) / CHECKPOINT_SUBDIR)
+
+
+def dataset_at(ws: Workspace, sites: SitesCatalog, version: DatasetVersion, site: str, data_site: str) -> Path:
+    """Local directory holding ``version`` for a stage running at ``site``."""
+    if site == data_site:
+        repo = workspace_repo(ws, sites, data_site)
+        if not repo.is_present(version):
+            repo.checkout(version, remote=sites.get(data_site).dvc_remote)
+        return ws.path(version.path)
+    s = sites.get(site)
+    return site_repo(ws, s).pull_pointer(version, remote=s.dvc_remote)
+
+
+# -- stages ----------------------------------------------------------------------------------
+
+
+def resolve_raw(ws: Workspace, spec: JobSpec, sites: SitesCatalog) -> tuple[DatasetVersion, Path]:
+    """The pinned raw version and a local path holding exactly it (pulled by pointer if needed)."""
+    ref = spec.dataset
+    repo = workspace_repo(ws, sites, ref.site)
+    current = repo.version(ref.path, "raw", ref.site)
+    if current is not None and current.md5 == ref.md5:
+        if not repo.is_present(current):
+            repo.checkout(current, remote=sites.get(ref.site).dvc_remote)
+        return current, ws.path(ref.path)
+    if current is None and not ws.path(ref.path).exists():
+        raise DataError(ref.path, [Problem("dataset.path", f"{ref.path} is not tracked by DVC in {ws.root}; "
+                                                           "run `hybridtrain data add` (or `make demo`) first")])
+    pinned = DatasetVersion(path=ref.path, md5=ref.md5, size=0, tier="raw", site=ref.site)
+    # The workspace holds another version: fetch the pinned one by its hash into the site copy.
+    site = sites.get(ref.site)
+    try:
+        path = site_repo(ws, site).pull_pointer(pinned, remote=site.dvc_remote)
+    except DataError:
+        have = current.md5 if current else "nothing"
+        raise DataError(
+            ref.path,
+            [Problem("dataset.md5", f"pinned version {ref.md5} is not in the store of site {ref.site} "
+                                    f"(the workspace has {have}); set dataset.md5 to {have} or push the pinned "
+                                    "version")],
+        ) from None
+    return pinned, path
+
+
+def preprocess(ws: Workspace, spec: JobSpec) -> PreprocessResult:
+    """Raw (pinned) → curated: validate, clean, split, partition; version and store on-prem."""
+    started = time.perf_counter()
+    sites = load_sites(ws)
+    site = spec.dataset.site
+    raw, raw_path = resolve_raw(ws, spec, sites)
+    curated_path = ws.tier_path("curated", spec.name)
+    report = Preprocessor(spec).run(raw_path, ws.path(curated_path))
+    repo = workspace_repo(ws, sites, site)
+    curated = repo.add(curated_path, "curated", site)
+    repo.push(curated, remote=sites.get(site).dvc_remote)  # within the site: versioned, not a crossing
+    return PreprocessResult(raw=raw, curated=curated, report=report.as_dict(), site=site,
+                            seconds=time.perf_counter() - started)
+
+
+def anonymize(ws: Workspace, spec: JobSpec, curated: DatasetVersion, key: bytes) -> AnonymizeResult:
+    """Curated → approved: treatments, k-anonymity, sampling, then a leak scan of what was written."""
+    from hybridtrain.anonymizer import Anonymizer
+    from hybridtrain.leak_scan import LeakScan
+
+    started = time.perf_counter()
+    sites = load_sites(ws)
+    site = spec.dataset.site
+    repo = workspace_repo(ws, sites, site)
+    source_dir = dataset_at(ws, sites, curated, site, site)
+    source = partitioned.read(source_dir)
+    scan = LeakScan.from_source(source, spec)
+    result = Anonymizer(spec, key).apply(source)
+    frame = result.frame
+    keys = source.loc[frame.index, spec.data_schema.entity_key]
+    keep = partitioned.unit_interval(keys, "sync-sample") < spec.sync.sample_fraction
+    approved_frame = frame[keep]
+    approved_path = ws.tier_path("approved", spec.name)
+    written = partitioned.write(approved_frame, ws.path(approved_path), sort_by=None)
+    # Scan exactly the bytes that may leave: the files as written, read back.
+    import pyarrow.parquet as pq
+
+    leak = None
+    for f in written:
+        part = scan.scan(pq.read_table(f).to_pandas(), where=str(f.relative_to(ws.root)))
+        leak = part if leak is None else leak.merge(part)
+    assert leak is not None
+    leak.raise_if_leaky(approved_path)
+    approved = repo.add(approved_path, "approved", site)
+    repo.push(approved, remote=sites.get(site).dvc_remote)
+    return AnonymizeResult(
+        approved=approved,
+        report=result.report.model_dump(mode="json"),
+        leak_scan=leak.model_dump(mode="json") if hasattr(leak, "model_dump") else dict(leak.__dict__),
+        rows_sampled_out=int((~keep).sum()),
+        site=site,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def sync(ws: Workspace, approved: DatasetVersion, destination: str) -> SyncResult:
+    """Make ``approved`` available in ``destination``'s store; only missing objects move."""
+    started = time.perf_counter()
+    sites = load_sites(ws)
+    if approved.site == destination:
+        return SyncResult(dataset=approved, transfer=None, site=destination, seconds=0.0)
+    repo = workspace_repo(ws, sites, approved.site)
+    moved, record = DataMover(repo).sync_dataset(approved, sites.get(approved.site), sites.get(destination))
+    return SyncResult(dataset=moved, transfer=record, site=destination, seconds=time.perf_counter() - started)
+
+
+def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run_id: str, run_key: str) -> TrainOutput:
+    """Train at ``site`` on its copy of the approved data; checkpoints go to that site's store.
+
+    ``run_key`` names the checkpoint series: a retry or a resubmission of the same run resumes
+    from its newest valid checkpoint; a new run starts fresh.
+    """
+    from hybridtrain.checkpoint import CheckpointStore
+    from hybridtrain.trainer import Trainer
+
+    started = time.perf_counter()
+    sites = load_sites(ws)
+    s = sites.get(site)
+    data_dir = dataset_at(ws, sites, approved, site, spec.dataset.site)
+    train_df = partitioned.read(data_dir, ["train"])
+    val_df = partitioned.read(data_dir, ["val"])
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    store = CheckpointStore.for_run(checkpoint_store(ws, s), spec.name, run_key, keep_last=spec.checkpoint.keep_last)
+    trainer = Trainer(spec.model, spec.checkpoint, store, spec.data_schema.label,
+                      threads=spec.model.threads or spec.resources.cpus, job=spec.name)
+
+    def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
+        registry.log_metrics(run_id, {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=epoch)
+
+    result = trainer.fit(train_df, val_df, on_epoch=on_epoch)
+    ref = registry.log_model(run_id, result.model, result.featurizer.to_dict(), result.featurizer.n_features)
+    return TrainOutput(
+        site=site,
+        model_uri=ref.model_uri,
+        model_id=ref.model_id,
+        run_key=run_key,
+        history=result.history,
+        global_step=result.global_step,
+        epochs_completed=result.epochs_completed,
+        resumed_from_step=result.resumed_from_step,
+        checkpoints_written=result.checkpoints_written,
+        last_checkpoint=result.last_checkpoint.key if result.last_checkpoint else None,
+        device=str(getattr(trainer, "device", "cpu")),
+        seconds=time.perf_counter() - started,
+        samples_per_second=result.samples_per_second,
+    )
+
+
+def evaluate(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, model_uri: str) -> EvaluateResult:
+    """Test-set metrics of the candidate and of the current champion, on the same rows."""
+    from hybridtrain import evaluation
+    from hybridtrain.featurizer import Featurizer
+
+    started = time.perf_counter()
+    sites = load_sites(ws)
+    data_dir = dataset_at(ws, sites, approved, site, spec.dataset.site)
+    test_df = partitioned.read(data_dir, ["test"])
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    label = spec.data_schema.label
+    model, feat = registry.load_uri(model_uri)
+    metrics = evaluation.evaluate(model, Featurizer.from_dict(feat), test_df, label)
+    champ = registry.by_alias(spec.registry.model_name, CHAMPION)
+    champ_metrics = None
+    if champ is not None:
+        cmodel, cfeat = registry.load(champ.name, champ.version)
+        champ_metrics = evaluation.evaluate(cmodel, Featurizer.from_dict(cfeat), test_df, label)
+    cmp = evaluation.compare(metrics, champ_metrics, spec.evaluation.primary_metric, spec.evaluation.min_improvement)
+    failures = evaluation.check_thresholds(metrics, spec.evaluation.thresholds)
+    return EvaluateResult(
+        metrics=metrics,
+        champion_version=champ.version if champ else None,
+        champion_metrics=champ_metrics,
+        better=cmp.better,
+        delta=cmp.delta,
+        reason=cmp.reason,
+        threshold_failures=failures,
+        site=site,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def promote(ws: Workspace, spec: JobSpec, run_id: str, model_uri: str, lineage: Lineage,
+            result: EvaluateResult) -> PromoteResult:
+    """Register the version with its lineage; move ``champion`` only if every gate passes."""
+    started = time.perf_counter()
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    name = spec.registry.model_name
+    metric_tags = {f"hybridtrain.metric.{k}": f"{v:.6f}" for k, v in result.metrics.items()}
+    version = registry.register(model_uri, name, run_id, {**lineage.tags(), **metric_tags})
+    reasons: list[str] = []
+    if result.threshold_failures:
+        reasons += [f"threshold: {f}" for f in result.threshold_failures]
+    if not result.better:
+        reasons.append(f"comparison: {result.reason}")
+    promoted = not reasons
+    previous = None
+    if promoted:
+        previous = registry.move_champion(name, version.version)
+        reasons.append(f"promoted: {result.reason}")
+    registry.set_version_tags(name, version.version, {
+        "hybridtrain.promotion": "champion" if promoted else "not-promoted",
+        "hybridtrain.promotion.reasons": "; ".join(reasons),
+    })
+    champ = registry.by_alias(name, CHAMPION)
+    return PromoteResult(
+        model_name=name,
+        version=version.version,
+        promoted=promoted,
+        champion_version=champ.version if champ else None,
+        previous_version=previous,
+        reasons=reasons,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def build_lineage(ws: Workspace, spec: JobSpec, prep: PreprocessResult, anon: AnonymizeResult,
+                  synced: SyncResult, site: str, started: float, flow_run_id: str | None = None) -> Lineage:
+    return Lineage(
+        job=spec.name,
+        spec_hash=spec.spec_hash(),
+        code_version=code_version(ws.root),
+        raw=prep.raw,
+        curated=prep.curated,
+        approved=anon.approved,
+        train_site=site,
+        bytes_synced=synced.transfer.bytes if synced.transfer else 0,
+        duration_s=time.perf_counter() - started,
+        flow_run_id=flow_run_id,
+    )
+
+
+# -- tracking around the stages --------------------------------------------------------------
+
+
+def open_run(ws: Workspace, spec: JobSpec, flow_run_id: str | None = None) -> str:
+    """Start the MLflow run of one lifecycle execution; log the spec and its parameters."""
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    tags = {"hybridtrain.job": spec.name, "hybridtrain.team": spec.metadata.team,
+            "hybridtrain.spec_hash": spec.spec_hash()}
+    if flow_run_id:
+        tags["hybridtrain.prefect_flow_run_id"] = flow_run_id
+    run_id = registry.start_run(ws.experiment, run_name=f"{spec.name}-lifecycle", tags=tags)
+    m = spec.model
+    registry.log_params(run_id, {
+        "job": spec.name, "model.kind": m.kind, "model.hidden_layers": m.hidden_layers, "model.dropout": m.dropout,
+        "model.epochs": m.epochs, "model.batch_size": m.batch_size, "model.learning_rate": m.learning_rate,
+        "model.weight_decay": m.weight_decay, "model.seed": m.seed, "sync.sample_fraction": spec.sync.sample_fraction,
+        "split.seed": spec.split.seed, "layout.partitions": spec.layout.partitions,
+        "dataset.md5": spec.dataset.md5,
+    })
+    registry.log_dict(run_id, spec.to_dict(), "spec/job.json")
+    return run_id
+
+
+def record_data(ws: Workspace, spec: JobSpec, run_id: str, prep: PreprocessResult, anon: AnonymizeResult,
+                synced: SyncResult) -> None:
+    """Log the three dataset versions as run inputs (source: their DVC objects) and the data reports."""
+    sites = load_sites(ws)
+    repo = workspace_repo(ws, sites, spec.dataset.site)
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    for version, context in ((prep.raw, "source"), (prep.curated, "curated"), (synced.dataset, "training")):
+        remote = sites.get(version.site).dvc_remote
+        registry.log_dataset(
+            run_id, name=f"{spec.name}-{version.tier}", digest=version.md5,
+            source=repo.remote_url(version, remote), context=context,
+            tags={"dvc.path": version.path, "dvc.md5": version.md5, "dvc.tier": version.tier,
+                  "dvc.site": version.site, "dvc.nfiles": str(version.nfiles)},
+        )
+        registry.log_text(run_id, version.pointer_text(), f"datasets/{version.tier}.dvc")
+    registry.log_dict(run_id, prep.report, "reports/preprocess.json")
+    registry.log_dict(run_id, anon.report, "reports/anonymization.json")
+    registry.log_dict(run_id, anon.leak_scan, "reports/leak_scan.json")
+    if synced.transfer is not None:
+        t = synced.transfer
+        registry.log_dict(run_id, [t.as_row()], "reports/transfers.json")
+        registry.set_tags(run_id, {"hybridtrain.transfer.bytes": t.bytes, "hybridtrain.transfer.files": t.files,
+                                   "hybridtrain.transfer.route": f"{t.source}->{t.destination}",
+                                   "hybridtrain.transfer.cost_usd": f"{t.cost_usd:.6f}"})
+
+
+def close_run(ws: Workspace, run_id: str, lineage: Lineage, evaluation: EvaluateResult,
+              promotion: PromoteResult) -> None:
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    registry.set_tags(run_id, {**lineage.tags(), "hybridtrain.model_version": promotion.version,
+                               "hybridtrain.promoted": str(promotion.promoted).lower()})
+    registry.log_metrics(run_id, {f"test_{k}": v for k, v in evaluation.metrics.items()})
+    if evaluation.champion_metrics:
+        registry.log_metrics(run_id, {f"champion_test_{k}": v for k, v in evaluation.champion_metrics.items()})
+    registry.end_run(run_id, "FINISHED")

@@ -1,0 +1,123 @@
+"""RunSummary: what one lifecycle execution did — stages and sites, dataset hashes, metrics, model, bytes moved."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from hybridtrain.stages import (
+    AnonymizeResult,
+    EvaluateResult,
+    PreprocessResult,
+    PromoteResult,
+    SyncResult,
+    TrainOutput,
+)
+
+
+class StageRow(BaseModel):
+    stage: str
+    site: str
+    seconds: float
+    detail: str
+
+
+class RunSummary(BaseModel):
+    job: str
+    flow_run_id: str | None
+    mlflow_run_id: str
+    stages: list[StageRow]
+    datasets: dict[str, str]
+    metrics: dict[str, float]
+    champion_metrics: dict[str, float] | None
+    model_name: str
+    model_version: str
+    promoted: bool
+    champion_version: str | None
+    previous_version: str | None
+    reasons: list[str]
+    bytes_synced: int
+    sync_route: str | None
+    egress_usd: float
+    training: dict[str, Any]
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        job: str,
+        flow_run_id: str | None,
+        mlflow_run_id: str,
+        prep: PreprocessResult,
+        anon: AnonymizeResult,
+        synced: SyncResult,
+        trained: TrainOutput,
+        evaluated: EvaluateResult,
+        promoted: PromoteResult,
+    ) -> RunSummary:
+        t = synced.transfer
+        rep = prep.report
+        stages = [
+            StageRow(stage="preprocess", site=prep.site, seconds=prep.seconds,
+                     detail=f"{rep.get('rows_in')} rows in, {rep.get('rows_out')} curated "
+                            f"({rep.get('duplicates_removed')} duplicates, {rep.get('null_label_removed')} "
+                            "without label removed)"),
+            StageRow(stage="anonymize", site=anon.site, seconds=anon.seconds,
+                     detail=f"{anon.report.get('rows_out')} rows approved, k={anon.report.get('k_achieved')}, "
+                            f"{anon.report.get('rows_suppressed')} suppressed, leak scan clean"),
+            StageRow(stage="sync", site=f"{t.source} -> {t.destination}" if t else synced.site,
+                     seconds=synced.seconds,
+                     detail=f"{t.bytes:,} bytes in {t.files} files" if t else "data already at the site"),
+            StageRow(stage="train", site=trained.site, seconds=trained.seconds,
+                     detail=f"{trained.epochs_completed} epochs, {trained.global_step} steps, "
+                            f"{trained.checkpoints_written} checkpoints"
+                            + (f", resumed from step {trained.resumed_from_step}"
+                               if trained.resumed_from_step is not None else "")),
+            StageRow(stage="evaluate", site=evaluated.site, seconds=evaluated.seconds, detail=evaluated.reason),
+            StageRow(stage="promote", site=prep.site, seconds=promoted.seconds,
+                     detail=("champion -> v" + promoted.version) if promoted.promoted
+                     else f"v{promoted.version} registered, champion stays "
+                          f"{'v' + promoted.champion_version if promoted.champion_version else 'unset'}"),
+        ]
+        return cls(
+            job=job,
+            flow_run_id=flow_run_id,
+            mlflow_run_id=mlflow_run_id,
+            stages=stages,
+            datasets={"raw": prep.raw.md5, "curated": prep.curated.md5, "approved": anon.approved.md5},
+            metrics=evaluated.metrics,
+            champion_metrics=evaluated.champion_metrics,
+            model_name=promoted.model_name,
+            model_version=promoted.version,
+            promoted=promoted.promoted,
+            champion_version=promoted.champion_version,
+            previous_version=promoted.previous_version,
+            reasons=promoted.reasons,
+            bytes_synced=t.bytes if t else 0,
+            sync_route=f"{t.source}->{t.destination}" if t else None,
+            egress_usd=t.cost_usd if t else 0.0,
+            training={"steps": trained.global_step, "epochs": trained.epochs_completed,
+                      "resumed_from_step": trained.resumed_from_step, "device": trained.device,
+                      "samples_per_second": round(trained.samples_per_second, 1),
+                      "model_uri": trained.model_uri},
+        )
+
+    def to_markdown(self) -> str:
+        lines = [f"# Lifecycle of `{self.job}`", ""]
+        lines += ["| stage | site | seconds | detail |", "|---|---|---|---|"]
+        lines += [f"| {s.stage} | {s.site} | {s.seconds:.1f} | {s.detail} |" for s in self.stages]
+        lines += ["", "## Datasets (DVC md5)", ""]
+        lines += [f"- **{tier}**: `{md5}`" for tier, md5 in self.datasets.items()]
+        lines += ["", "## Test metrics", "", "| metric | candidate | champion |", "|---|---|---|"]
+        for k, v in self.metrics.items():
+            c = (self.champion_metrics or {}).get(k)
+            lines.append(f"| {k} | {v:.4f} | {'' if c is None else f'{c:.4f}'} |")
+        lines += ["", "## Model", "",
+                  f"- registered **{self.model_name} v{self.model_version}**",
+                  f"- champion: **{'v' + self.champion_version if self.champion_version else 'none'}**"
+                  + (" (moved by this run)" if self.promoted else " (unchanged)"),
+                  *[f"- {r}" for r in self.reasons],
+                  "", f"Bytes synced: {self.bytes_synced:,} ({self.sync_route or 'no sync'}), "
+                      f"egress ${self.egress_usd:.4f}. MLflow run `{self.mlflow_run_id}`."]
+        return "\n".join(lines)
