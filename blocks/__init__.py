@@ -1,0 +1,1 @@
+"""Prefect Blocks: site configuration and credentials, saved idempotently."""

@@ -1,0 +1,1 @@
+"""Deployment bootstrap: work pools, blocks and deployments on a Prefect server (idempotent)."""

@@ -1,0 +1,1 @@
+"""Prefect flows: wire tasks, parameters and subflows — nothing else."""

@@ -1,0 +1,34 @@
+"""Tracking tasks: the MLflow run around a lifecycle, lineage and promotion, one core call each."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from hybridtrain import stages
+from hybridtrain.lineage import Lineage
+from hybridtrain.spec import JobSpec
+from hybridtrain.workspace import Workspace
+from tasks.retry import BACKOFF_S, only_transient
+
+
+@task(name="open-run", retries=3, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
+def open_run(ws: Workspace, spec: JobSpec, flow_run_id: str | None) -> str:
+    return stages.open_run(ws, spec, flow_run_id)
+
+
+@task(name="record-data", retries=3, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
+def record_data(ws: Workspace, spec: JobSpec, run_id: str, prep: stages.PreprocessResult,
+                anon: stages.AnonymizeResult, synced: stages.SyncResult) -> None:
+    stages.record_data(ws, spec, run_id, prep, anon, synced)
+
+
+@task(name="promote", retries=3, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
+def promote(ws: Workspace, spec: JobSpec, run_id: str, model_uri: str, lineage: Lineage,
+            result: stages.EvaluateResult) -> stages.PromoteResult:
+    return stages.promote(ws, spec, run_id, model_uri, lineage, result)
+
+
+@task(name="close-run", retries=3, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
+def close_run(ws: Workspace, run_id: str, lineage: Lineage, result: stages.EvaluateResult,
+              promotion: stages.PromoteResult) -> None:
+    stages.close_run(ws, run_id, lineage, result, promotion)

@@ -1,0 +1,73 @@
+"""Bootstrap on a real Prefect server: pools, site blocks, the pseudonym key and deployments, idempotently."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridtrain.sites import SitesCatalog
+from hybridtrain.workspace import Workspace
+from tests.conftest import ROOT, make_workspace
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def boot(prefect_server, tmp_path_factory):
+    from deployments.bootstrap import bootstrap
+
+    root = make_workspace(tmp_path_factory.mktemp("boot") / "ws")
+    for pkg in ("flows", "tasks", "blocks"):
+        # prefect deploy loads the entrypoint from the workspace, as a worker would.
+        (root / pkg).symlink_to(ROOT / pkg, target_is_directory=True)
+    ws = Workspace.resolve(root)
+    first = bootstrap(ws)
+    second = bootstrap(ws)
+    return ws, first, second
+
+
+def test_pools_are_created_once_with_gpu_limits(boot):
+    from prefect.client.orchestration import get_client
+
+    ws, first, second = boot
+    assert sorted(first.pools_created) == ["cloud", "onprem"]
+    assert second.pools_created == [] and sorted(second.pools_existing) == ["cloud", "onprem"]
+    with get_client(sync_client=True) as client:
+        onprem = client.read_work_pool("onprem")
+        cloud = client.read_work_pool("cloud")
+    assert onprem.type == cloud.type == "process"
+    assert onprem.concurrency_limit == 8 and cloud.concurrency_limit == 16
+    assert "command" in onprem.base_job_template["variables"]["properties"]
+
+
+def test_site_blocks_round_trip_to_the_catalog(boot):
+    from blocks.site import catalog_from_blocks
+
+    ws, first, _ = boot
+    catalog = SitesCatalog.load(ws.sites_file)
+    assert first.site_blocks == catalog.names
+    assert catalog_from_blocks(first.site_blocks) == catalog
+
+
+def test_pseudonym_key_is_created_once_and_kept(boot):
+    from prefect.blocks.system import Secret
+
+    ws, first, second = boot
+    assert second.key_created is False
+    assert len(Secret.load(ws.pseudonym_key_block).get()) == 64
+
+
+def test_deployments_have_pools_schedule_and_a_typed_spec_parameter(boot):
+    from prefect.client.orchestration import get_client
+
+    _, first, second = boot
+    assert first.deployments == second.deployments
+    assert {"training-lifecycle/churn-onprem", "training-lifecycle/lifecycle-cloud"} <= set(first.deployments)
+    with get_client(sync_client=True) as client:
+        d = client.read_deployment_by_name("training-lifecycle/churn-onprem")
+        cloud = client.read_deployment_by_name("training-lifecycle/lifecycle-cloud")
+    assert d.work_pool_name == "onprem" and cloud.work_pool_name == "cloud"
+    assert [s.schedule.cron for s in d.schedules] == ["0 2 * * *"]
+    props = d.parameter_openapi_schema["properties"]
+    assert props["spec_path"]["default"] == "jobs/churn.yaml"
+    assert "JobSpec" in str(props["spec"])  # the UI renders the spec as a typed form
+    assert d.job_variables["env"]["HYBRIDTRAIN_HOME"]
