@@ -1,0 +1,39 @@
+"""Spot rules: the uniform-progress and greedy rules walk through their docstring examples."""
+
+from __future__ import annotations
+
+from hybridtrain.spot_rule import Greedy, SpotAction, SpotProgress, UniformProgress
+
+H = 3600.0
+SPOT, OD, WAIT = SpotAction.spot, SpotAction.on_demand, SpotAction.wait
+
+
+def at(hours, done, total, avail, current, deadline_h=12.0):
+    return SpotProgress(now=hours * H, started_at=0.0, deadline=None if deadline_h is None else deadline_h * H,
+                        work_done_h=done, work_left_h=total - done, spot_available=avail, current=current)
+
+
+def test_uniform_progress_example():
+    rule = UniformProgress(restart_s=900, margin_s=600)
+    assert rule.choose(at(0.0, 0.0, 4, True, WAIT)) is SPOT
+    assert rule.choose(at(1.5, 1.5, 4, False, SPOT)) is WAIT  # preempted, ahead of the line (0.5 h)
+    assert rule.choose(at(4.4, 1.5, 4, False, WAIT)) is WAIT  # line 1.47 h: still ahead
+    assert rule.choose(at(4.55, 1.5, 4, False, WAIT)) is OD  # behind the line
+    assert rule.choose(at(4.75, 1.75, 4, True, OD)) is OD  # ahead by 10 min < a 15-min restart
+    assert rule.choose(at(5.5, 2.5, 4, True, OD)) is SPOT  # ahead by 40 min: back to spot
+
+
+def test_uniform_progress_safety_net_and_no_deadline():
+    rule = UniformProgress(restart_s=300, margin_s=600)
+    # 3 h left, 3 h 10 m to the deadline: switching costs 5 min, leaving less than the 10-min margin
+    assert rule.choose(at(8.0 + 50 / 60, 1.0, 4, True, SPOT)) is OD
+    assert rule.choose(at(50.0, 1.0, 4, False, WAIT, deadline_h=None)) is WAIT
+    assert rule.choose(at(50.0, 1.0, 4, True, WAIT, deadline_h=None)) is SPOT
+
+
+def test_greedy_example():
+    rule = Greedy(restart_s=300, margin_s=600)
+    assert rule.choose(at(1.0, 1.0, 4, False, SPOT, deadline_h=6.0)) is WAIT
+    assert rule.choose(at(2.7, 1.0, 4, False, WAIT, deadline_h=6.0)) is WAIT
+    assert rule.choose(at(2.75, 1.0, 4, False, WAIT, deadline_h=6.0)) is OD
+    assert rule.choose(at(3.0, 1.2, 4, True, OD, deadline_h=6.0)) is OD  # once on-demand, to the end
