@@ -3,12 +3,15 @@
 Measures, in the same run and on the same frame (``generate_churn(--rows)``):
 
   (a) a plain pandas copy of the sensitive columns — the floor any treatment is compared with;
-  (b) keyed pseudonymization (HMAC-SHA256) of each pseudonym column of ``jobs/churn.yaml``;
+  (b) keyed pseudonymization (keyed BLAKE2b) of each pseudonym column of ``jobs/churn.yaml``;
   (c) ``Anonymizer.apply`` with the full treatment set of the spec, k-anonymity included.
 
 Each is timed with ``time.perf_counter``, best of 3. Everything runs on one thread (pyarrow's
-pool is set to 1 CPU; pandas and the HMAC loop are single-threaded), so rows/s is per core.
-The last line is the pseudonym rate per column, against the 1,000,000 rows/s target:
+pool is set to 1 CPU; pandas and the hash loop are single-threaded), so rows/s is per core.
+The last line is the headline: **dataset rows per second per core** for pseudonymizing all of
+the spec's pseudonym columns of each row — rows / (sum of the per-column best times) — against
+the 1,000,000 rows/s target. (A per-column rate, rows × columns / seconds, counts column
+values, not rows; it is printed above it, labelled as such.)
 
     .venv/bin/python benchmarks/anonymize_throughput.py [--rows N]
 """
@@ -101,9 +104,13 @@ def main() -> None:
         f"{result.report.rows_out:,} rows kept, {result.report.rows_suppressed:,} suppressed"
     )
     print("  'x copy': wall time relative to (a); Arrow-backed string copies share buffers, so (a) is cheap.")
-    per_column_rate = rows * len(pseudonym_columns) / pseudonym_s
-    print(f"  pseudonym rate per column (rows x {len(pseudonym_columns)} columns / total seconds):")
-    print(f"pseudonym_rows_per_s: {per_column_rate:.0f} rows/s (target >= {TARGET_ROWS_PER_S:,})")
+    values_rate = rows * len(pseudonym_columns) / pseudonym_s
+    rows_rate = rows / pseudonym_s
+    print(f"  column values pseudonymized per second (rows x {len(pseudonym_columns)} columns / seconds): "
+          f"{values_rate:,.0f} values/s — not rows/s")
+    verdict = "met" if rows_rate >= TARGET_ROWS_PER_S else "NOT met"
+    print(f"pseudonym_rows_per_s: {rows_rate:,.0f} dataset rows/s per core, all {len(pseudonym_columns)} pseudonym "
+          f"columns ({', '.join(pseudonym_columns)}) of each row (target >= {TARGET_ROWS_PER_S:,}: {verdict})")
 
 
 if __name__ == "__main__":

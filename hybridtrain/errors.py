@@ -7,8 +7,17 @@ Each class tells the orchestrator how to react:
 - ``NoFeasiblePlacement`` — every candidate site was rejected; carries each site and the rule.
 - ``SiteUnavailable`` — a site cannot be reached now; try the next allowed site.
 - ``TransientError`` — retry with backoff.
+- ``ChecksumMismatch`` — a stored object's bytes do not match their recorded SHA-256; re-write it.
 - ``Preempted`` — the capacity went away; resume from the newest checkpoint.
+- ``HostKeyRejected`` / ``AuthRefused`` — an SSH host's key is not the pinned one, or it refused
+  the site's key; a person must fix the site block; never retried.
+- ``RemoteJobFailed`` — a job on a remote host exited non-zero; carries the status and log tail.
 - ``GateFailed`` — a promotion gate said no; the alias stays where it is.
+- ``BundleRejected`` — a model bundle does not verify (a file changed, added or missing, or a bad
+  signature); it is neither promoted nor released; never retried.
+- ``AuditLogInvalid`` — the audit log's hash chain or head anchor does not verify; a person
+  investigates before anything more is appended.
+- ``ReleaseRefused`` — a rollback, retirement or release cannot be done as asked; nothing changed.
 """
 
 from __future__ import annotations
@@ -117,6 +126,23 @@ class TransientError(HybridtrainError):
     retryable = True
 
 
+class ChecksumMismatch(HybridtrainError):
+    """Stored bytes do not hash to the SHA-256 recorded when they were written: the object is corrupt.
+
+    Reading again does not help (the store already did); re-write the object from its source.
+    """
+
+    def __init__(self, url: str, expected: str, actual: str):
+        self.url = url
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"object {url} is corrupt: its bytes hash to SHA-256 {actual or '(unknown)'}, but {expected} was "
+            "recorded when it was written; re-write it from its source (re-run the stage that produced it) "
+            "or delete it"
+        )
+
+
 class Preempted(HybridtrainError):
     """Training was stopped by its capacity going away; a checkpoint was written. Resume it."""
 
@@ -131,6 +157,58 @@ class Preempted(HybridtrainError):
         )
 
 
+class StageFailed(HybridtrainError):
+    """A stage dispatched to a site's work pool did not complete; carries its flow run and state."""
+
+    def __init__(self, stage: str, site: str, flow_run: str, state: str, message: str):
+        self.stage = stage
+        self.site = site
+        self.flow_run = flow_run
+        self.state = state
+        super().__init__(
+            f"stage {stage} at site {site} ended {state} (flow run {flow_run}): {message or 'no message'}"
+        )
+
+
+class HostKeyRejected(HybridtrainError):
+    """An SSH host offered a key that known_hosts does not pin (``changed=False``) or that differs from
+    the pinned one (``changed=True``). Never retried: a person verifies the key out of band first."""
+
+    def __init__(self, host: str, message: str, *, changed: bool):
+        self.host = host
+        self.changed = changed
+        super().__init__(message)
+
+
+class AuthRefused(HybridtrainError):
+    """An SSH host refused key authentication for the configured user. Never retried: fix the key or
+    the host's authorized_keys."""
+
+    def __init__(self, target: str, message: str):
+        self.target = target
+        super().__init__(message)
+
+
+class RemoteJobFailed(HybridtrainError):
+    """A job on a remote host ended with a non-zero exit status, or vanished without one.
+
+    ``exit_status`` is the job's own status (``None`` when the process disappeared without
+    recording one: killed with SIGKILL, out of memory, host rebooted — retryable, since training
+    resumes from its newest checkpoint); ``log_tail`` holds the last lines of its log.
+    """
+
+    def __init__(self, job: str, host: str, exit_status: int | None, log_tail: str, hint: str = ""):
+        self.job = job
+        self.host = host
+        self.exit_status = exit_status
+        self.log_tail = log_tail
+        self.retryable = exit_status is None
+        how = (f"failed with exit status {exit_status}" if exit_status is not None
+               else "vanished without an exit status (killed, out of memory, or the host rebooted)")
+        tail = "\n".join("  | " + line for line in log_tail.splitlines()) or "  | (the log is empty)"
+        super().__init__(f"job {job!r} on {host} {how}{'; ' + hint if hint else ''}. Last lines of its log:\n{tail}")
+
+
 class GateFailed(HybridtrainError):
     """A promotion gate refused the model; the registry alias was left untouched."""
 
@@ -140,6 +218,55 @@ class GateFailed(HybridtrainError):
         self.gate = gate
         self.reason = reason
         super().__init__(f"promotion gate {gate!r} failed: {reason}")
+
+
+class BundleRejected(HybridtrainError):
+    """A model bundle failed verification; ``problems`` name each file (or the signature) and what is wrong.
+
+    Nothing was promoted or released. Rebuild the bundle from the registry version and sign it
+    with the release key again; never retried.
+    """
+
+    exit_code = 7
+
+    def __init__(self, bundle: str, problems: Sequence[Problem] | Iterable[Problem]):
+        self.bundle = bundle
+        self.problems = list(problems)
+        self.files = [p.path for p in self.problems]
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(
+            f"model bundle {bundle} was refused; it was not promoted or released:\n{lines}\n"
+            "Rebuild the bundle from the registry version and sign it again with the release key."
+        )
+
+
+class AuditLogInvalid(HybridtrainError):
+    """The audit log does not verify: records were edited, removed, reordered or cut off the end.
+
+    ``problems`` locate each one (record seq or line). Appending is refused until a person has
+    investigated; restore the log from a backup or keep it as evidence and start a new one.
+    """
+
+    exit_code = 8
+
+    def __init__(self, log: str, problems: Sequence[Problem] | Iterable[Problem]):
+        self.log = log
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        count = len(self.problems)
+        super().__init__(f"audit log {log} does not verify ({count} problem{'s' if count != 1 else ''}):\n{lines}")
+
+
+class ReleaseRefused(HybridtrainError):
+    """A rollback, retirement or release cannot be done as asked (say, nothing to roll back to, or retiring
+    the version being served); nothing was changed. The message says what to do instead."""
+
+    exit_code = 9
+
+    def __init__(self, model: str, reason: str):
+        self.model = model
+        self.reason = reason
+        super().__init__(f"model {model}: {reason}")
 
 
 def is_retryable(exc: BaseException) -> bool:

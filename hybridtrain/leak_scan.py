@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from hybridtrain.errors import DataError, LeakDetected, Problem
 from hybridtrain.spec import NUMERIC_TYPES, ColumnType, JobSpec, SensitiveColumn, Treatment
 
-#: Output of ``Anonymizer`` pseudonyms: ``p_`` and the first 20 hex digits of an HMAC-SHA256.
+#: Output of ``Anonymizer`` pseudonyms: ``p_`` and the 20 hex digits of a keyed BLAKE2b digest.
 PSEUDONYM_RE = re.compile(r"p_[0-9a-f]{20}")
 
 # Every string ``str()`` of a number or boolean can produce (after casefold). Output columns of

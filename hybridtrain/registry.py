@@ -115,6 +115,36 @@ class Registry:
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
         self.client.log_text(run_id, text, artifact_file)
 
+    def read_text(self, run_id: str, artifact_file: str) -> str:
+        import mlflow
+
+        mlflow.set_tracking_uri(self.tracking_uri)
+        with tempfile.TemporaryDirectory() as tmp:
+            local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_file, dst_path=tmp,
+                                                        tracking_uri=self.tracking_uri)
+            return Path(local).read_text()
+
+    def model_bytes(self, model: ModelRef) -> int:
+        """Size of a logged model's files (what travelled to the artifact store)."""
+        if model.model_id is None:
+            return self.artifact_bytes(model.model_uri)
+        return self.artifact_bytes(self.client.get_logged_model(model.model_id).artifact_location)
+
+    def artifact_bytes(self, artifact_uri: str) -> int:
+        """Total size of the files under an artifact URI."""
+        import mlflow
+
+        mlflow.set_tracking_uri(self.tracking_uri)
+
+        def walk(uri: str) -> int:
+            total = 0
+            for f in mlflow.artifacts.list_artifacts(artifact_uri=uri, tracking_uri=self.tracking_uri):
+                name = f.path.rsplit("/", 1)[-1]
+                total += walk(f"{uri}/{name}") if f.is_dir else int(f.file_size or 0)
+            return total
+
+        return walk(artifact_uri.rstrip("/"))
+
     def log_dict(self, run_id: str, data: Any, artifact_file: str) -> None:
         self.client.log_text(run_id, json.dumps(data, indent=2, sort_keys=True, default=str), artifact_file)
 
@@ -215,6 +245,22 @@ class Registry:
         self.client.set_registered_model_alias(name, CHAMPION, version)
         return current.version if current else None
 
+    def set_alias(self, name: str, alias: str, version: str) -> None:
+        """Point ``alias`` at ``version`` and nothing else (a rollback moves ``champion`` back this way)."""
+        self.client.set_registered_model_alias(name, alias, str(version))
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        """Remove ``alias`` from the model; no error when it is not set."""
+        from mlflow.exceptions import MlflowException
+
+        if self.by_alias(name, alias) is None:
+            return
+        try:
+            self.client.delete_registered_model_alias(name, alias)
+        except MlflowException:  # removed by another process between the two calls
+            if self.by_alias(name, alias) is not None:
+                raise
+
     def versions(self, name: str) -> list[VersionInfo]:
         out = [self._info(mv) for mv in self.client.search_model_versions(f"name = '{name}'")]
         return sorted(out, key=lambda v: int(v.version))
@@ -237,9 +283,34 @@ class Registry:
         model.eval()
         return model, featurizer
 
+    def job_runs(self, experiment: str, job: str, limit: int = 50) -> list[Any]:
+        """Finished lifecycle runs of one job, newest first."""
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            return []
+        return list(self.client.search_runs(
+            [exp.experiment_id], filter_string=f"tags.`hybridtrain.job` = '{job}' and attributes.status = 'FINISHED'",
+            order_by=["attributes.start_time DESC"], max_results=limit))
+
     def recent_runs(self, experiment: str, limit: int = 10) -> list[Any]:
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
             return []
         return list(self.client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"],
                                             max_results=limit))
+
+    def tagged_run_ids(self, experiment: str, tag: str, value: str) -> list[str]:
+        """Ids of every run of ``experiment`` whose tag ``tag`` equals ``value``, oldest first."""
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            return []
+        quoted = value.replace("'", "\\'")
+        ids: list[str] = []
+        token = None
+        while True:
+            page = self.client.search_runs([exp.experiment_id], filter_string=f"tags.`{tag}` = '{quoted}'",
+                                           order_by=["attributes.start_time ASC"], max_results=1000, page_token=token)
+            ids += [r.info.run_id for r in page]
+            token = page.token
+            if not token:
+                return ids

@@ -126,14 +126,39 @@ class SplitSpec(Strict):
     seed: int = Field(0, ge=0, description="Salt for the entity-key hash that assigns splits.")
 
 
+PARTITION_PERIODS = ("month", "quarter", "year")
+
+
 class LayoutSpec(Strict):
-    """How curated and approved datasets are laid out: Parquet files by split and partition."""
+    """How curated and approved datasets are laid out: Parquet files by split and partition.
+
+    By default a row's partition is a keyed hash of its entity key: even-sized files, but a
+    change to 1 % of random rows touches nearly every file. ``partition_by`` groups rows by a
+    column instead — a date by period (``signup_date:month``) or another column's value (hashed
+    into ``partitions`` buckets) — so new or corrected records of one period rewrite, and
+    re-sync, only that period's files.
+    """
 
     partitions: int = Field(
         16, ge=1, le=4096,
-        description="Partitions per split, by a keyed hash of the entity key. Unchanged entities keep "
-        "byte-identical partition files, so a re-sync moves only partitions that changed.",
+        description="Partitions per split, by a keyed hash of the entity key (or of the partition_by "
+        "column's value; unused for a date by period). Unchanged partitions keep byte-identical files, "
+        "so a re-sync moves only partitions that changed.",
     )
+    partition_by: str | None = Field(
+        None, pattern=r"^[^:\s]+(:[a-z]+)?$",
+        description="Partition by a column instead of the entity key: COLUMN for a category/string/int/bool "
+        "(hashed into `partitions` buckets) or DATE_COLUMN:month|quarter|year (one partition per period). "
+        "Must not be a sensitive column or quasi-identifier.",
+    )
+
+    @property
+    def partition_column(self) -> tuple[str, str | None] | None:
+        """``partition_by`` split into (column, period or None); None for the entity-key hash."""
+        if self.partition_by is None:
+            return None
+        column, _, period = self.partition_by.partition(":")
+        return column, period or None
 
 
 class FeatureSpec(Strict):
@@ -216,6 +241,50 @@ class PlacementSpec(Strict):
     )
 
 
+class ReleaseTargetSpec(Strict):
+    """One place a promoted version's signed bundle is published: a serving directory or a site's object store."""
+
+    name: str = Field(pattern=NAME_RE, description="Target name, unique within the spec, e.g. onprem-serving, edge-1.")
+    kind: str = Field(
+        "directory",
+        description="Target kind (hybridtrain.release.TARGET_KINDS): directory (default; an on-prem serving "
+        "directory) or object_store (a site's store from the sites catalog: S3 or its local stand-in).",
+    )
+    path: str | None = Field(
+        None, description="directory: the serving directory; a relative path is relative to the workspace root."
+    )
+    site: str | None = Field(
+        None, pattern=NAME_RE, description="object_store: the site whose store holds the releases (its credentials "
+        "stay in the sites catalog / site block, never in the spec).",
+    )
+    prefix: str = Field(
+        "releases", pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$",
+        description="object_store: key prefix under the site's store.",
+    )
+
+
+class PromotionSpec(Strict):
+    """What must hold before ``champion`` moves to a new version, and where that version is then released."""
+
+    gates: list[str] | None = Field(
+        None,
+        description="Promotion gates to evaluate (hybridtrain.gates.GATES), all of them unless listed: lineage, "
+        "signature, thresholds, not_worse, cost, rollback_target, approval.",
+    )
+    max_cost_usd: float | None = Field(
+        None, gt=0,
+        description="Cost gate: the version's ledger total in USD (compute, wasted attempts, transfers, storage) "
+        "must not exceed this.",
+    )
+    require_approval: bool = Field(
+        False, description="Wait for a person to approve before the alias moves (Prefect pause/resume); the approval "
+        "gate records who approved.",
+    )
+    release_targets: list[ReleaseTargetSpec] = Field(
+        default_factory=list, description="Where the signed bundle is published when the version becomes champion."
+    )
+
+
 class Metadata(Strict):
     name: str = Field(pattern=NAME_RE, description="Job name: lowercase letters, digits and dashes.")
     team: str = Field("default", pattern=NAME_RE)
@@ -245,6 +314,7 @@ class JobSpec(Strict):
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     registry: RegistrySpec
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    promotion: PromotionSpec = Field(default_factory=PromotionSpec)
 
     @field_validator("deadline", mode="before")
     @classmethod
@@ -352,6 +422,8 @@ def check_semantics(spec: JobSpec, sites: SitesCatalog | None = None) -> list[Pr
     if spec.sensitive.k_anonymity is not None and not spec.sensitive.quasi_identifiers:
         p.append(Problem("sensitive.k_anonymity", "needs sensitive.quasi_identifiers"))
 
+    p += _layout_problems(spec)
+
     total = spec.split.train + spec.split.val + spec.split.test
     if abs(total - 1.0) > 1e-9:
         p.append(Problem("split", f"train + val + test must be 1.0, got {total:g}"))
@@ -392,6 +464,8 @@ def check_semantics(spec: JobSpec, sites: SitesCatalog | None = None) -> list[Pr
     if spec.resources.gpu_type is not None and spec.resources.gpus == 0:
         p.append(Problem("resources.gpu_type", "set resources.gpus >= 1 when asking for a GPU type"))
 
+    p += _promotion_problems(spec, sites)
+
     if sites is not None:
         if spec.dataset.site not in sites.names:
             p.append(Problem("dataset.site", f"unknown site {spec.dataset.site!r}; known: {', '.join(sites.names)}"))
@@ -399,6 +473,74 @@ def check_semantics(spec: JobSpec, sites: SitesCatalog | None = None) -> list[Pr
             p.append(
                 Problem("placement.site", f"unknown site {spec.placement.site!r}; known: {', '.join(sites.names)}")
             )
+    return p
+
+
+def _layout_problems(spec: JobSpec) -> list[Problem]:
+    by = spec.layout.partition_column
+    if by is None:
+        return []
+    column, period = by
+    path = "layout.partition_by"
+    cols = spec.data_schema.columns
+    if column not in cols:
+        return [Problem(path, f"column {column!r} is not in schema.columns")]
+    p: list[Problem] = []
+    ctype = cols[column]
+    if ctype is ColumnType.date:
+        if period is None:
+            p.append(Problem(path, f"{column} is a date: give a period, e.g. {column}:month, {column}:quarter "
+                                   f"or {column}:year"))
+        elif period not in PARTITION_PERIODS:
+            p.append(Problem(path, f"unknown period {period!r}; use one of {', '.join(PARTITION_PERIODS)}"))
+    elif period is not None:
+        p.append(Problem(path, f"a period (:{period}) applies to date columns only; {column} is {ctype.value}"))
+    elif ctype is ColumnType.float:
+        p.append(Problem(path, f"{column} is a float: too many distinct values to group rows by; choose a date, "
+                               "category, string, int or bool column"))
+    treatment = spec.treatment_of(column)
+    if (treatment is not None and treatment is not Treatment.keep) or column in spec.sensitive.quasi_identifiers:
+        p.append(Problem(path, f"{column} is a sensitive column or quasi-identifier: partition numbers and file "
+                               "names derived from its raw values would leave the site untreated; choose another "
+                               "column"))
+    return p
+
+
+def _promotion_problems(spec: JobSpec, sites: SitesCatalog | None) -> list[Problem]:
+    # Imported here: the gate and target registries live with their implementations, which import this module.
+    from hybridtrain.gates import GATES
+    from hybridtrain.release import TARGET_KINDS
+
+    promo = spec.promotion
+    p: list[Problem] = []
+    if promo.gates is not None:
+        if not promo.gates:
+            p.append(Problem("promotion.gates", "an empty list would promote without any check; leave gates out to "
+                                                "evaluate all of them"))
+        seen_gates: set[str] = set()
+        for i, name in enumerate(promo.gates):
+            if name not in GATES:
+                p.append(Problem(f"promotion.gates[{i}]", GATES.unknown_message(name)))
+            elif name in seen_gates:
+                p.append(Problem(f"promotion.gates[{i}]", f"gate {name!r} is listed twice"))
+            seen_gates.add(name)
+    chosen = set(promo.gates) if promo.gates is not None else set(GATES.names)
+    if promo.max_cost_usd is not None and "cost" not in chosen:
+        p.append(Problem("promotion.max_cost_usd", "is set, but the cost gate is not in promotion.gates: add it"))
+    if promo.require_approval and "approval" not in chosen:
+        p.append(Problem("promotion.require_approval", "is true, but the approval gate is not in promotion.gates: "
+                                                       "add it"))
+    names: set[str] = set()
+    for i, target in enumerate(promo.release_targets):
+        path = f"promotion.release_targets[{i}]"
+        if target.name in names:
+            p.append(Problem(f"{path}.name", f"target name {target.name!r} is used twice; names must be unique"))
+        names.add(target.name)
+        if target.kind not in TARGET_KINDS:
+            p.append(Problem(f"{path}.kind", TARGET_KINDS.unknown_message(target.kind)))
+            continue
+        for field, message in TARGET_KINDS.get(target.kind).spec_problems(target, sites):
+            p.append(Problem(f"{path}.{field}", message))
     return p
 
 

@@ -1,0 +1,162 @@
+"""promote / rollback / retire against a real MLflow registry (SQLite): gates guard the alias, rollback restores the
+previous version on every target, retire removes a version everywhere, and the audit log records each step."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+import pytest
+
+from hybridtrain.audit_log import AuditLog
+from hybridtrain.errors import BundleRejected, GateFailed, ReleaseRefused
+from hybridtrain.gates import CHECKPOINT_TAG, GateInputs, dataset_tag, evaluate_gates
+from hybridtrain.object_store import LocalObjectStore
+from hybridtrain.promotion import promote, retire, rollback
+from hybridtrain.registry import CHAMPION, PREVIOUS, Registry
+from hybridtrain.release import BundleArchive, DirectoryTarget, ObjectStoreTarget, Releaser
+from hybridtrain.signing_key import SigningKey
+from hybridtrain.spec import EvaluationSpec, PromotionSpec
+from tests.unit.bundles import CHECKPOINT_SHA, DATASETS, make_bundle
+from tests.unit.test_gates import CASES
+
+KEY = SigningKey.generate()
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory) -> Registry:
+    root = tmp_path_factory.mktemp("mlflow")
+    return Registry(f"sqlite:///{root}/mlflow.db", root / "artifacts")
+
+
+class World:
+    """One model with its registry, two release targets, a bundle archive and an audit log."""
+
+    def __init__(self, registry: Registry, tmp: Path):
+        self.registry, self.tmp = registry, tmp
+        self.model = f"churn-{next(_names)}"
+        self.run_id = registry.start_run("promotion-tests", self.model, {"hybridtrain.job": "churn"})
+        self.targets = [DirectoryTarget("onprem-serving", tmp / "serving", KEY.public),
+                        ObjectStoreTarget("cloud", LocalObjectStore(tmp / "s3"), KEY.public)]
+        self.releaser = Releaser(self.targets, BundleArchive(LocalObjectStore(tmp / "archive")))
+        self.audit = AuditLog(tmp / "audit" / "audit.jsonl")
+
+    def register(self, auc: float) -> GateInputs:
+        (self.tmp / "model").mkdir(exist_ok=True)
+        tags = {**{dataset_tag(t): m for t, m in DATASETS.items()}, CHECKPOINT_TAG: CHECKPOINT_SHA}
+        info = self.registry.register((self.tmp / "model").as_uri(), self.model, self.run_id, tags)
+        champion = self.registry.by_alias(self.model, CHAMPION)
+        bundle = make_bundle(self.tmp / "bundles" / info.version, KEY, model=self.model, version=info.version)
+        return GateInputs(
+            model=self.model, version=info.version,
+            evaluation=EvaluationSpec(thresholds={"auc": 0.75, "log_loss": 0.6}, min_improvement=0.01),
+            promotion=PromotionSpec(max_cost_usd=25.0), version_tags=info.tags, datasets=dict(DATASETS),
+            checkpoint_sha256=CHECKPOINT_SHA, bundle=bundle, trusted_key=KEY.public,
+            metrics={"auc": auc, "log_loss": 0.45},
+            champion_version=champion.version if champion else None,
+            champion_metrics={"auc": float(champion.tags["auc"])} if champion else None,
+            cost_usd=10.0, rollback_versions=self.releaser.available_versions(self.model))
+
+    def promote(self, inputs: GateInputs):
+        out = promote(self.registry, self.releaser, self.audit, bundle=inputs.bundle, report=evaluate_gates(inputs),
+                      trusted_key=KEY.public, actor="flow-run/test")
+        self.registry.set_version_tags(self.model, inputs.version, {"auc": inputs.metrics["auc"]})
+        return out
+
+    def alias(self, name: str) -> str | None:
+        info = self.registry.by_alias(self.model, name)
+        return info.version if info else None
+
+    def served(self) -> list[str | None]:
+        return [t.current(self.model) for t in self.targets]
+
+    def actions(self) -> list[tuple[str, str]]:
+        return [(r.action, r.outcome.split(":")[0].split(" ")[0]) for r in self.audit.records()]
+
+
+@pytest.fixture
+def world(registry, tmp_path) -> World:
+    return World(registry, tmp_path)
+
+
+def test_promote_then_roll_back_restores_the_previous_version_everywhere(world):
+    first = world.promote(world.register(0.80))
+    assert first.previous is None and world.alias(CHAMPION) == "1" and world.served() == ["1", "1"]
+    assert first.report.result("rollback_target").reason.startswith("first champion")
+    second = world.promote(world.register(0.85))
+    assert second.previous == "1" and (world.alias(CHAMPION), world.alias(PREVIOUS)) == ("2", "1")
+    assert world.served() == ["2", "2"]
+    tags = world.registry.version(world.model, "2").tags
+    assert tags["hybridtrain.promotion"] == "champion" and tags["hybridtrain.gate.lineage"].startswith("passed")
+    assert tags["hybridtrain.release.cloud"].startswith("current at ")
+    assert tags["hybridtrain.bundle.manifest_sha256"] == second.release.manifest_sha256
+
+    world.targets[1].remove(world.model, "1")  # the cloud target no longer holds v1: rollback re-releases it
+    back = rollback(world.registry, world.releaser, world.audit, world.model, actor="cli:ana")
+    assert (back.from_version, back.to_version, back.previous) == ("2", "1", None)
+    assert world.alias(CHAMPION) == "1" and world.alias(PREVIOUS) is None  # no way back to the bad version
+    assert world.served() == ["1", "1"] and world.targets[1].versions(world.model) == ["1", "2"]
+    assert world.registry.version(world.model, "2").tags["hybridtrain.promotion"] == "rolled-back"
+
+    with pytest.raises(ReleaseRefused, match="has no previous version to roll back to"):
+        rollback(world.registry, world.releaser, world.audit, world.model, actor="cli:ana")
+    assert world.actions() == [("gate", "passed"), ("promotion", "champion"), ("release", "current"),
+                               ("gate", "passed"), ("promotion", "champion"), ("release", "current"),
+                               ("rollback", "champion")]
+    assert world.audit.verify().ok
+
+
+def test_rollback_moves_previous_to_the_champion_before_it(world):
+    for auc in (0.80, 0.82, 0.84):
+        world.promote(world.register(auc))
+    assert (world.alias(CHAMPION), world.alias(PREVIOUS)) == ("3", "2")
+    rollback(world.registry, world.releaser, world.audit, world.model, actor="t")
+    assert (world.alias(CHAMPION), world.alias(PREVIOUS)) == ("2", "1") and world.served() == ["2", "2"]
+
+
+def test_retire_removes_a_version_from_every_target_and_keeps_its_bundle(world):
+    for auc in (0.80, 0.82, 0.84):
+        world.promote(world.register(auc))
+    with pytest.raises(ReleaseRefused, match="v3 is the champion"):
+        retire(world.registry, world.releaser, world.audit, world.model, "3", actor="t")
+    with pytest.raises(ReleaseRefused, match="has no version 9; versions: 1, 2, 3"):
+        retire(world.registry, world.releaser, world.audit, world.model, "9", actor="t")
+    out = retire(world.registry, world.releaser, world.audit, world.model, "2", actor="t")
+    assert [t.versions(world.model) for t in world.targets] == [["1", "3"], ["1", "3"]]
+    assert out.previous == "1" and world.alias(PREVIOUS) == "1"  # v2 was previous: it moves to the one before
+    assert world.registry.version(world.model, "2").tags["hybridtrain.status"] == "retired"
+    assert world.releaser.archive.has(world.model, "2")
+    assert world.actions()[-1] == ("retire", "removed")
+    rollback(world.registry, world.releaser, world.audit, world.model, actor="t")
+    assert world.alias(CHAMPION) == "1" and world.served() == ["1", "1"]
+
+
+@pytest.mark.parametrize("gate", list(CASES))
+def test_each_failing_gate_leaves_the_alias_and_the_targets_untouched(world, gate):
+    world.promote(world.register(0.80))
+    inputs = world.register(0.82)  # the same evidence as test_gates' passing case, changed as CASES says
+    change, reason = CASES[gate]
+    bad = change(dataclasses.replace(inputs, version_tags={**inputs.version_tags}), world.tmp)
+    with pytest.raises(GateFailed) as exc:
+        world.promote(bad)
+    assert exc.value.gate == gate and reason in str(exc.value)
+    assert world.alias(CHAMPION) == "1" and world.alias(PREVIOUS) is None and world.served() == ["1", "1"]
+    assert [t.versions(world.model) for t in world.targets] == [["1"], ["1"]]  # not even staged
+    assert world.registry.version(world.model, "2").tags[f"hybridtrain.gate.{gate}"].startswith("failed: ")
+    assert world.actions()[-1] == ("gate", "failed")
+
+
+def test_a_bundle_tampered_after_the_gates_is_refused_before_the_alias_moves(world):
+    world.promote(world.register(0.80))
+    inputs = world.register(0.85)
+    report = evaluate_gates(inputs)
+    assert report.passed
+    weights = inputs.bundle.root / "weights" / "model.pt"
+    weights.write_bytes(b"swapped after review")
+    with pytest.raises(BundleRejected, match="weights/model.pt"):
+        promote(world.registry, world.releaser, world.audit, bundle=inputs.bundle, report=report,
+                trusted_key=KEY.public, actor="t")
+    assert world.alias(CHAMPION) == "1" and world.served() == ["1", "1"]
+    assert world.actions()[-1] == ("release", "refused")
