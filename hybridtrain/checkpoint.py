@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from hybridtrain.errors import ChecksumMismatch
 from hybridtrain.object_store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -208,6 +209,9 @@ class CheckpointStore:
             blob = self.store.get_bytes(info.key)
         except FileNotFoundError:
             log.warning("skipping checkpoint %s: its data object disappeared", info.key)
+            return None
+        except ChecksumMismatch as exc:  # a store that verifies on read (S3) found it corrupt
+            log.warning("skipping checkpoint %s: %s", info.key, exc)
             return None
         actual = hashlib.sha256(blob).hexdigest()
         if actual != info.sha256 or len(blob) != info.size:

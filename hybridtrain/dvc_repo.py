@@ -5,14 +5,21 @@ to fetch it from any remote that has it, which is how a stage at another site ge
 write the pointer into that site's working copy and pull from that site's store. DVC holds a
 repository lock with a 3 s timeout, so every operation here is serialized per checkout with a
 file lock of our own (waits instead of failing when two stages touch one repo).
+
+Remotes are given as a URL or as a dvc remote section (``{"url": "s3://bucket/dvc",
+"endpointurl": ..., "region": ...}``) and written to the git-ignored ``.dvc/config.local``.
+Credentials are kept apart: ``secrets`` (per remote, e.g. ``access_key_id``,
+``secret_access_key``) live only in this object's memory and are merged into DVC's config on
+every operation (``Repo(root, config=...)``); they are never written to a file.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -21,9 +28,14 @@ import yaml
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict
 
-from hybridtrain.errors import DataError, Problem, SpecError, TransientError
+from hybridtrain.errors import DataError, Problem, SiteUnavailable, SpecError, TransientError
 
 Tier = Literal["raw", "curated", "approved"]
+#: A remote as its URL, or as a dvc remote section without secrets.
+RemoteConfig = str | Mapping[str, str]
+#: Remote options that are credentials: accepted only through ``secrets``, never written.
+SECRET_OPTIONS = frozenset({"access_key_id", "secret_access_key", "session_token", "password", "key_secret",
+                            "gdrive_client_secret", "account_key", "sas_token", "client_secret"})
 log = logging.getLogger(__name__)
 
 
@@ -77,8 +89,10 @@ class DvcRepo:
 
     LOCK_TIMEOUT_S = 900.0
 
-    def __init__(self, root: Path | str):
+    def __init__(self, root: Path | str, *, secrets: Mapping[str, Mapping[str, str]] | None = None):
         self.root = Path(root).resolve()
+        # remote name -> credential options, merged into DVC's config in memory only.
+        self._secrets = {name: dict(opts) for name, opts in (secrets or {}).items() if opts}
         if not (self.root / ".dvc").is_dir():
             raise SpecError(
                 str(self.root), [Problem(".dvc", "not a DVC repository; run `hybridtrain init` in the workspace")]
@@ -91,15 +105,17 @@ class DvcRepo:
     def ensure(
         cls,
         root: Path | str,
-        remotes: dict[str, str],
+        remotes: Mapping[str, RemoteConfig],
         default_remote: str | None = None,
         *,
         scm: bool | None = None,
+        secrets: Mapping[str, Mapping[str, str]] | None = None,
     ) -> DvcRepo:
         """Initialise DVC in ``root`` if needed and (re)write its remotes in ``.dvc/config.local``.
 
         Remotes are machine-local (paths, endpoints), so they go to the git-ignored local config;
-        the sites catalog is their source of truth. ``scm=None`` uses git when ``root`` is a git repo.
+        the sites catalog is their source of truth. ``secrets`` maps a remote to its credentials,
+        which the returned object holds in memory only. ``scm=None`` uses git when ``root`` is a git repo.
         """
         from dvc.repo import Repo
 
@@ -110,14 +126,15 @@ class DvcRepo:
             use_scm = (root / ".git").exists() if scm is None else scm
             Repo.init(str(root), no_scm=not use_scm, force=True)
         (root / ".dvc" / "tmp").mkdir(parents=True, exist_ok=True)
-        repo = cls(root)
+        sections = {name: _remote_section(name, conf) for name, conf in remotes.items()}
+        repo = cls(root, secrets={name: opts for name, opts in (secrets or {}).items() if name in sections})
         with repo._locked():
             r = Repo(str(root))
             try:
                 with r.config.edit("repo") as conf:
                     conf.setdefault("core", {})["analytics"] = False
                 with r.config.edit("local") as conf:
-                    conf["remote"] = {name: {"url": url} for name, url in remotes.items()}
+                    conf["remote"] = sections
                     if default_remote:
                         conf.setdefault("core", {})["remote"] = default_remote
             finally:
@@ -149,7 +166,7 @@ class DvcRepo:
 
         _quiet_dvc()
         with self._locked():
-            r = Repo(str(self.root))
+            r = Repo(str(self.root), config={"remote": self._secrets} if self._secrets else None)
             try:
                 yield r
             finally:
@@ -221,24 +238,56 @@ class DvcRepo:
         return self.root / version.path
 
     def missing_on(self, version: DatasetVersion, remote: str) -> tuple[int, int]:
-        """Files and bytes of ``version`` that ``remote`` does not have yet (what a push would move)."""
-        if not self.is_present(version):
+        """Files and bytes of ``version`` that ``remote`` does not have yet (what a push would move).
+
+        Sizes are those of the cached objects a push sends (a directory's ``.dir`` manifest
+        included); a version that is not complete in the local cache is checked out first.
+        """
+        if not self._cached(version):
             self.checkout(version)
         with self._repo() as r:
-            status = r.status(targets=[str(self.pointer_path(version.path))], cloud=True, remote=remote)
+            try:
+                status = r.status(targets=[str(self.pointer_path(version.path))], cloud=True, remote=remote)
+            except PermissionError as exc:  # s3fs: the endpoint answered 403
+                raise SpecError(f"DVC remote {remote}", [Problem(
+                    "store", f"the store behind remote {remote!r} refused access ({exc}); fix the site's "
+                             "credentials (access_key_id / secret_access_key in its block) or its permissions")]) from None
+            except _unreachable_errors() as exc:
+                raise SiteUnavailable(remote, f"the store behind DVC remote {remote!r} could not be reached: {exc}; "
+                                              "check that its endpoint is up") from None
+            sizes = self._object_sizes(r, version)
             files, size = 0, 0
             for rel, state in status.items():
                 if state not in ("new", "missing"):
                     continue
                 files += 1
-                p = Path(rel) if Path(rel).is_absolute() else self.root / rel
-                if p.is_file():
-                    size += p.stat().st_size
-                elif rel.rstrip("/") == version.path and version.is_dir:
-                    # The .dir manifest object itself.
-                    manifest = self._cache_object(r, version.md5)
-                    size += manifest.stat().st_size if manifest.is_file() else 0
+                if Path(rel).is_absolute():
+                    rel = Path(rel).relative_to(self.root).as_posix()
+                size += sizes.get(rel.rstrip("/"), 0)
         return files, size
+
+    def _cached(self, version: DatasetVersion) -> bool:
+        """True when the local cache holds every object of ``version`` (what push and status read)."""
+        with self._repo() as r:
+            manifest = self._cache_object(r, version.md5)
+            if not manifest.is_file():
+                return False
+            if not version.is_dir:
+                return True
+            return all(self._cache_object(r, e["md5"]).is_file() for e in json.loads(manifest.read_text()))
+
+    def _object_sizes(self, r: Any, version: DatasetVersion) -> dict[str, int]:
+        """Workspace-relative path -> size of its cached object; a directory's path maps to its manifest."""
+
+        def size(md5: str) -> int:
+            obj = self._cache_object(r, md5)
+            return obj.stat().st_size if obj.is_file() else 0
+
+        out = {version.path: size(version.md5)}
+        if version.is_dir:
+            for entry in json.loads(self._cache_object(r, version.md5).read_text()):
+                out[f"{version.path}/{entry['relpath']}"] = size(entry["md5"])
+        return out
 
     def push(self, version: DatasetVersion, remote: str) -> PushResult:
         """Upload what ``remote`` lacks of ``version``; content addressing skips unchanged files."""
@@ -265,3 +314,29 @@ class DvcRepo:
     @staticmethod
     def _cache_object(r: Any, md5: str) -> Path:
         return Path(r.cache.local.oid_to_path(md5))
+
+
+def _unreachable_errors() -> tuple[type[BaseException], ...]:
+    """Exception types meaning "the remote's endpoint did not answer" (botocore's when S3 is in use)."""
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import HTTPClientError
+    except ImportError:
+        return (ConnectionError, TimeoutError)
+    return (ConnectionError, TimeoutError, BotoConnectionError, HTTPClientError)
+
+
+def _remote_section(name: str, conf: RemoteConfig) -> dict[str, str]:
+    """The ``remote "name"`` section to write: a URL, or a secret-free dvc remote section."""
+    if isinstance(conf, str):
+        return {"url": conf}
+    section = {k: str(v) for k, v in conf.items()}
+    leaked = sorted(SECRET_OPTIONS & section.keys())
+    if leaked:
+        raise ValueError(
+            f"DVC remote {name!r}: {', '.join(leaked)} would be written to .dvc/config.local; pass credentials "
+            "as DvcRepo.ensure(..., secrets={remote: {...}}) so they stay in memory"
+        )
+    if "url" not in section:
+        raise ValueError(f"DVC remote {name!r} needs a url")
+    return section

@@ -1,7 +1,8 @@
 """ObjectStore: a site's blob storage — keys to bytes — where an object is visible only when complete.
 
 One interface serves checkpoints, bundles and artifacts. ``LocalObjectStore`` is a directory
-(the embedded default and on-prem NFS); an S3 implementation speaks to any S3 endpoint.
+(the embedded default and on-prem NFS); ``S3ObjectStore`` (``hybridtrain.s3_store``) speaks to
+any S3 endpoint; ``open_store`` picks the one a site's store config describes.
 Writers never expose a partial object: local writes go to a temporary file in the same
 directory and are renamed into place; S3 uploads become visible only when completed.
 """
@@ -14,7 +15,10 @@ import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from hybridtrain.sites import LocalStore, S3Store
 
 TMP_PREFIX = ".tmp-"
 
@@ -130,3 +134,23 @@ class LocalObjectStore:
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+
+def open_store(
+    store: LocalStore | S3Store, root: Path, subdir: str = "", *, site: str | None = None
+) -> ObjectStore:
+    """The ObjectStore a site's ``store`` config describes, under ``subdir``.
+
+    A ``LocalStore`` path is relative to ``root`` (the workspace) unless absolute; an ``S3Store``
+    opens an ``S3ObjectStore`` on its bucket and prefix (boto3 is imported only then). ``site``
+    names the site in errors.
+    """
+    from hybridtrain.sites import S3Store
+
+    if isinstance(store, S3Store):
+        from hybridtrain.s3_store import S3ObjectStore
+
+        return S3ObjectStore(store, subdir, site=site)
+    base = Path(store.path)
+    base = base if base.is_absolute() else (Path(root) / base).resolve()
+    return LocalObjectStore(base / subdir if subdir else base)

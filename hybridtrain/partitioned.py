@@ -1,7 +1,9 @@
 """PartitionedDataset: a table stored as Parquet files by split and entity-hash partition.
 
 Layout: ``<dir>/split=<train|val|test>/part-<NNNNN>.parquet``. Rows go to a partition by a
-keyed hash of their entity key, are sorted by that key inside it, and are written with fixed
+keyed hash of their entity key — or, with ``layout.partition_by``, by a column's period
+(``period_id``: ``2024`` / ``20243`` / ``202407`` for year / quarter / month) or hashed value —
+are sorted by the entity key inside it, and are written with fixed
 writer settings, so a partition whose rows did not change is byte-identical to its previous
 version; DVC's content addressing then moves only the partitions that changed. A directory is
 written next to the target and swapped in whole, so readers never see a half-written version.
@@ -34,6 +36,22 @@ def keyed_hash(values: pd.Series, salt: str) -> np.ndarray:
 def unit_interval(values: pd.Series, salt: str) -> np.ndarray:
     """Map each value to a stable number in [0, 1) (for splits and sampling that survive data changes)."""
     return (keyed_hash(values, salt) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def period_id(values: pd.Series, period: str) -> np.ndarray:
+    """Partition number of each date (ISO text or datetime) by period: year ``2024``, quarter
+    ``20243`` (year × 10 + quarter), month ``202407`` (year × 100 + month); a missing date → 0."""
+    dt = pd.to_datetime(values, format="ISO8601", errors="coerce")
+    year = dt.dt.year
+    if period == "year":
+        out = year
+    elif period == "quarter":
+        out = year * 10 + dt.dt.quarter
+    elif period == "month":
+        out = year * 100 + dt.dt.month
+    else:
+        raise ValueError(f"unknown period {period!r}; use month, quarter or year")
+    return out.fillna(0).astype("int32").to_numpy()
 
 
 def write(frame: pd.DataFrame, target: Path, sort_by: str | None) -> list[Path]:

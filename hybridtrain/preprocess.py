@@ -5,7 +5,8 @@ column, unparsable values, empty file, all-null label, non-binary label, missing
 → ``DataError`` naming the column and what to fix); keep only declared columns (an undeclared
 column could carry personal data nobody classified); clean (trim text, lower-case emails,
 drop rows without a label, keep one row per entity key); assign each entity to train/val/test
-by a keyed hash of its key so the split survives data changes; assign a hash partition.
+by a keyed hash of its key so the split survives data changes; assign a partition — a keyed
+hash of the entity key, or ``layout.partition_by`` (a date's period, another column's hash).
 """
 
 from __future__ import annotations
@@ -120,14 +121,26 @@ class Preprocessor:
         return df
 
     def assign(self, df: pd.DataFrame) -> pd.DataFrame:
-        """Add split and partition columns from keyed hashes of the entity key."""
+        """Add the split column (keyed hash of the entity key) and the partition column.
+
+        The partition is a keyed hash of the entity key into ``layout.partitions`` buckets, or with
+        ``layout.partition_by`` the period of a date (``signup_date:month`` → ``202407``) or a
+        keyed hash of another column's value — so rows of one period share their files.
+        """
         key = df[self.schema.entity_key]
         u = partitioned.unit_interval(key, f"split:{self.spec.split.seed}")
         s = self.spec.split
         split = np.where(u < s.train, "train", np.where(u < s.train + s.val, "val", "test"))
         df[partitioned.SPLIT_COL] = split
-        n = self.spec.layout.partitions
-        df[partitioned.PARTITION_COL] = (partitioned.keyed_hash(key, "partition") % np.uint64(n)).astype("int32")
+        n = np.uint64(self.spec.layout.partitions)
+        by = self.spec.layout.partition_column
+        if by is None:
+            part = partitioned.keyed_hash(key, "partition") % n
+        elif by[1] is not None:
+            part = partitioned.period_id(df[by[0]], by[1])
+        else:
+            part = partitioned.keyed_hash(df[by[0]], "partition") % n
+        df[partitioned.PARTITION_COL] = part.astype("int32")
         return df
 
     def run(self, raw_path: Path, curated_dir: Path) -> CleanReport:

@@ -19,6 +19,8 @@ from hybridtrain.config_file import load_model
 from hybridtrain.errors import Problem, SpecError
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+DVC_S3_CONNECT_TIMEOUT_S = 10
+DVC_S3_READ_TIMEOUT_S = 120
 
 
 class Strict(BaseModel):
@@ -136,6 +138,33 @@ class Site(Strict):
             return str(p if p.is_absolute() else (root / p).resolve())
         prefix = self.store.prefix.strip("/")
         return f"s3://{self.store.bucket}/{prefix}" if prefix else f"s3://{self.store.bucket}"
+
+    def dvc_remote_config(self, root: Path, subdir: str = "dvc") -> dict[str, str]:
+        """This site's store as a DVC remote section, without secrets (safe to write to DVC config).
+
+        Local: ``{"url": "<store dir>/dvc"}``. S3: ``{"url": "s3://bucket/prefix/dvc",
+        "endpointurl": ..., "region": ..., "connect_timeout": ..., "read_timeout": ...}`` (dvc-s3
+        option names; the timeouts keep a push to an unreachable endpoint from hanging).
+        """
+        conf = {"url": f"{self.store_url(root)}/{subdir}" if subdir else self.store_url(root)}
+        if isinstance(self.store, S3Store):
+            if self.store.endpoint_url:
+                conf["endpointurl"] = self.store.endpoint_url
+            conf["region"] = self.store.region
+            conf["connect_timeout"] = str(DVC_S3_CONNECT_TIMEOUT_S)
+            conf["read_timeout"] = str(DVC_S3_READ_TIMEOUT_S)
+        return conf
+
+    def dvc_remote_secrets(self) -> dict[str, str]:
+        """The store's credentials as DVC remote options; keep them in memory, never in a config file."""
+        if not isinstance(self.store, S3Store):
+            return {}
+        out: dict[str, str] = {}
+        if self.store.access_key_id:
+            out["access_key_id"] = self.store.access_key_id
+        if self.store.secret_access_key is not None:
+            out["secret_access_key"] = self.store.secret_access_key.get_secret_value()
+        return out
 
 
 class SitesCatalog(Strict):
