@@ -18,6 +18,17 @@ An example event sequence (``checkpoint: {interval_steps: 100, keep_last: 3}``):
 4. After the last epoch a final checkpoint is written and a ``TrainResult`` returned with
    ``resumed_from_step=342``.
 
+Under torchrun with more than one process (``distributed=Distributed.from_env()``) the same
+loop runs on every rank: each rank takes its contiguous shard of every global batch of
+``batch_size`` rows (the epoch's shuffle is the same on all ranks), DistributedDataParallel
+all-reduces the gradients, and the loss is scaled so that the averaged gradient is the one of
+the whole global batch — so the model follows single-process training up to floating-point
+summation order, not bit for bit. Only rank 0 writes checkpoints and calls ``on_epoch``; every
+rank resumes from the same checkpoint, RNG states included (rank 0's), which reproduces an
+uninterrupted run of the same world size exactly on CPU when dropout is 0 or the shards
+are of equal size (dropout draws depend on the shard's size). ``should_stop`` must give the
+same answer on every rank, or the ranks that go on wait for the others in the next all-reduce.
+
 The trainer seeds the process-wide torch, numpy and ``random`` generators (module weight
 initialization and dropout draw from torch's global generator) and sets torch's CPU thread
 count for the duration of ``fit``. It installs no signal handlers and imports no tracking
@@ -41,6 +52,7 @@ import torch
 from torch import nn
 
 from hybridtrain.checkpoint import CheckpointInfo, CheckpointStore
+from hybridtrain.distributed import Distributed
 from hybridtrain.errors import DataError, Preempted, Problem, SpecError
 from hybridtrain.evaluation import binary_metrics, model_probabilities
 from hybridtrain.featurizer import Featurizer
@@ -171,7 +183,9 @@ class Trainer:
     ``device``: where to train (default: CUDA when visible, else CPU). ``threads``: torch CPU
     threads during ``fit`` (default ``model_spec.threads``, else torch's default). ``job``
     names the job in ``Preempted``. ``best_metric`` is the validation metric tracked as
-    "best" (the returned model is always the last one, not the best).
+    "best" (the returned model is always the last one, not the best). ``distributed``: this
+    process's rank of a torchrun job (with its process group joined); ``None`` or a world of one
+    trains alone.
     """
 
     def __init__(
@@ -185,6 +199,7 @@ class Trainer:
         threads: int | None = None,
         job: str = "job",
         best_metric: str = "auc",
+        distributed: Distributed | None = None,
     ):
         if best_metric not in HIGHER_IS_BETTER:
             raise ValueError(f"unknown best_metric {best_metric!r}; use one of {', '.join(HIGHER_IS_BETTER)}")
@@ -198,6 +213,7 @@ class Trainer:
         self.threads = threads if threads is not None else model_spec.threads
         self.job = job
         self.best_metric = best_metric
+        self.distributed = distributed if distributed is not None and distributed.world_size > 1 else None
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -281,6 +297,8 @@ class Trainer:
     ) -> TrainResult:
         spec = self.model_spec
         device = self.device
+        ddp = self.distributed
+        writes = ddp is None or ddp.is_main  # only rank 0 writes checkpoints
         torch.manual_seed(spec.seed)
         np.random.seed(spec.seed)
         random.seed(spec.seed)
@@ -306,7 +324,7 @@ class Trainer:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             progress = _Progress.from_state(state["progress"])
-            _restore_rng(state["rng"], device)
+            _restore_rng(state["rng"], device)  # every rank restores rank 0's states
             if state["train_sha256"] != fingerprint:
                 log.warning(
                     "job %s resumes from %s on different training rows than it started with; training "
@@ -321,8 +339,11 @@ class Trainer:
         written = 0
         last_save_time = started
 
-        def save() -> CheckpointInfo:
+        def save() -> CheckpointInfo | None:
             nonlocal last_info, saved_position, written
+            if not writes:
+                saved_position = progress.position()
+                return None
             ckpt = {
                 "format": STATE_FORMAT,
                 "job": self.job,
@@ -344,21 +365,36 @@ class Trainer:
         batch = spec.batch_size
         n_batches = math.ceil(n / batch)
         loss_fn = nn.BCEWithLogitsLoss()
+        net = model
+        if ddp is not None:
+            net = ddp.wrap(model)
+            # Each rank's loss is its shard's sum scaled by world/len(batch): DDP averages gradients
+            # over ranks, which then equals the gradient of the mean loss over the whole batch.
+            shard_loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
         samples = 0
         while progress.epoch < spec.epochs:
             order = epoch_permutation(n, spec.seed, progress.epoch)
-            model.train()
+            net.train()
             for b in range(progress.step_in_epoch, n_batches):
                 idx = order[b * batch:(b + 1) * batch]
-                xb = x_train[idx].to(device, non_blocking=True)
-                yb = y_train[idx].to(device, non_blocking=True)
                 optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(model(xb), yb)
-                loss.backward()
+                if ddp is None:
+                    xb = x_train[idx].to(device, non_blocking=True)
+                    yb = y_train[idx].to(device, non_blocking=True)
+                    loss = loss_fn(model(xb), yb)
+                    loss.backward()
+                    batch_loss_sum = float(loss.item()) * len(idx)
+                else:
+                    part = ddp.shard(idx)
+                    xb = x_train[part].to(device, non_blocking=True)
+                    yb = y_train[part].to(device, non_blocking=True)
+                    shard_loss = shard_loss_fn(net(xb), yb)
+                    (shard_loss * (ddp.world_size / len(idx))).backward()
+                    batch_loss_sum = ddp.all_sum(shard_loss)
                 optimizer.step()
                 progress.global_step += 1
                 progress.step_in_epoch = b + 1
-                progress.epoch_loss_sum += float(loss.item()) * len(idx)
+                progress.epoch_loss_sum += batch_loss_sum
                 progress.epoch_samples += len(idx)
                 samples += len(idx)
 
@@ -373,9 +409,10 @@ class Trainer:
                     last_save_time = now if now is not None else last_save_time
                 if should_stop is not None and should_stop():
                     info = last_info if saved_position == progress.position() else save()
+                    key = info.key if info is not None else None
                     log.warning("job %s stopping at step %d on request; checkpoint %s",
-                                self.job, progress.global_step, info.key)
-                    raise Preempted(self.job, progress.global_step, info.key)
+                                self.job, progress.global_step, key)
+                    raise Preempted(self.job, progress.global_step, key)
 
             val_metrics = binary_metrics(y_val_np, model_probabilities(model, x_val), dataset="val",
                                          label=self.label)
@@ -391,7 +428,7 @@ class Trainer:
             progress.step_in_epoch = 0
             progress.epoch_loss_sum = 0.0
             progress.epoch_samples = 0
-            if on_epoch is not None:
+            if on_epoch is not None and writes:
                 on_epoch(epoch, metrics)
 
         if saved_position != progress.position():
