@@ -7,7 +7,9 @@ from typing import Any, Literal
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
+from hybridtrain.site_secrets import SiteSecret, SiteSecrets
 from hybridtrain.sites import Site, SitesCatalog
+from hybridtrain.workspace import Workspace
 
 
 class SiteBlock(Block):
@@ -58,6 +60,25 @@ class SiteBlock(Block):
                      "bandwidth_mbps", "work_pool", "hosts"}
         )
         return Site.model_validate({**fields, "store": store})
+
+
+def load_site_secrets(names: list[str]) -> SiteSecrets:
+    """Credentials of the named sites from their blocks (a site without a block has none)."""
+    out = {}
+    for name in names:
+        try:
+            block = SiteBlock.load(name)
+        except ValueError:  # no block saved for this site
+            continue
+        out[name] = SiteSecret(aws_access_key_id=block.aws_access_key_id,
+                               aws_secret_access_key=block.aws_secret_access_key,
+                               ssh_private_key=block.ssh_private_key, ssh_known_hosts=block.ssh_known_hosts)
+    return SiteSecrets.of(out)
+
+
+def with_site_secrets(ws: Workspace) -> Workspace:
+    """The workspace carrying its sites' credentials from their blocks, in memory."""
+    return ws.with_secrets(load_site_secrets(SitesCatalog.load(ws.sites_file).names))
 
 
 def catalog_from_blocks(names: list[str]) -> SitesCatalog:

@@ -11,11 +11,15 @@ method that needs a directory is called.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from hybridtrain.site_secrets import SiteSecrets
 
 STATE_DIR = ".hybridtrain"
 SECRET_BLOCK = "hybridtrain-pseudonym-key"
@@ -34,6 +38,9 @@ class Settings(BaseSettings):
     )
     experiment: str = Field("hybridtrain", description="MLflow experiment for lifecycle runs.")
     pseudonym_key_block: str = Field(SECRET_BLOCK, description="Prefect Secret block holding the pseudonym key.")
+    control_site: str | None = Field(
+        None, description="Site hosting Prefect and MLflow; default the first on-prem site."
+    )
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,12 @@ class Workspace:
     tracking_uri: str
     experiment: str = "hybridtrain"
     pseudonym_key_block: str = SECRET_BLOCK
+    control_site: str | None = None
+    #: Site credentials in memory (from Prefect blocks); never printed, compared or hashed.
+    secrets: SiteSecrets | None = field(default=None, repr=False, compare=False, hash=False)
+
+    def with_secrets(self, secrets: SiteSecrets | None) -> Workspace:
+        return replace(self, secrets=secrets)
 
     @classmethod
     def resolve(
@@ -74,6 +87,7 @@ class Workspace:
             tracking_uri=uri,
             experiment=s.experiment,
             pseudonym_key_block=s.pseudonym_key_block,
+            control_site=s.control_site,
         )
 
     @property
