@@ -1,4 +1,8 @@
-"""Lifecycle flow: preprocess → anonymize → sync → train → evaluate → promote, for one job spec."""
+"""Lifecycle flow: preprocess → anonymize → sync → train → evaluate → promote, for one job spec.
+
+Data stages run in the work pool of the site holding the data, training in the pool of the
+placed site (see ``flows.dispatch``); promotion runs here, at the control plane.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,21 @@ from pathlib import Path
 from prefect import flow, runtime, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from flows.data import Prepared, prepare_data, sync_data
+from flows.dispatch import Mode, run_stage
+from flows.training import Trained, train_stage
 from hybridtrain import stages
 from hybridtrain.registry import Registry
 from hybridtrain.spec import JobSpec, load_spec, parse_spec
 from hybridtrain.summary import RunSummary
+from blocks.site import with_site_secrets
 from hybridtrain.workspace import Workspace
-from flows.training import train_stage
-from tasks.data import anonymize, preprocess, sync
+from tasks.burst import Relocation
+from tasks.placement import place
 from tasks.tracking import close_run, open_run, promote, record_data
+
+# How long a dispatched stage may wait for a worker and run, beyond the job's own time limit.
+QUEUE_ALLOWANCE_S = 3600
 
 
 @task(name="validate-spec")
@@ -33,6 +44,7 @@ def lifecycle(
     spec: JobSpec | None = None,
     workspace: str | None = None,
     run_key: str | None = None,
+    dispatch: Mode = "auto",
 ) -> RunSummary:
     """Run the whole lifecycle of one job.
 
@@ -41,32 +53,51 @@ def lifecycle(
     workspace: workspace root; default HYBRIDTRAIN_HOME or the worker's working directory.
     run_key: names the checkpoint series to resume; default this flow run's id, so a retried
         run resumes and a new run trains afresh.
+    dispatch: auto (stage deployments when they exist), inline (all in this process) or pools.
     """
     started = time.perf_counter()
-    ws = Workspace.resolve(workspace)
+    ws = with_site_secrets(Workspace.resolve(workspace))
     job = validate_spec(ws, spec_path, spec)
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     run_id = open_run(ws, job, flow_run_id)
+    limit_s = job.resources.max_hours * 3600 + QUEUE_ALLOWANCE_S
+    data_site = job.dataset.site
     try:
-        prep = preprocess(ws, job)
-        anon = anonymize(ws, job, prep.curated)
-        site = job.placement.site or job.dataset.site
-        synced = sync(ws, anon.approved, site)
+        prepared = run_stage(prepare_data, Prepared, site=data_site, params={"spec": job, "run_id": run_id},
+                             ws=ws, run_id=run_id, mode=dispatch, timeout_s=limit_s)
+        prep, anon = prepared.prep, prepared.anon
+        decision = place(ws, job, anon.approved.size, run_id)
+        site = decision.site
+        if site == data_site:
+            synced = stages.SyncResult(dataset=anon.approved, transfer=None, site=site, seconds=0.0)
+        else:
+            synced = run_stage(sync_data, stages.SyncResult, site=data_site,
+                               params={"approved": anon.approved, "destination": site, "run_id": run_id},
+                               ws=ws, run_id=run_id, mode=dispatch, timeout_s=limit_s)
         record_data(ws, job, run_id, prep, anon, synced)
-        out = train_stage(ws, job, synced.dataset, site, run_id, run_key or flow_run_id or run_id)
-        trained, evaluated = out["trained"], out["evaluated"]
+        out = run_stage(train_stage, Trained, site=site,
+                        params={"spec": job, "approved": synced.dataset, "site": site, "run_id": run_id,
+                                "run_key": run_key or flow_run_id or run_id},
+                        ws=ws, run_id=run_id, mode=dispatch, timeout_s=limit_s)
+        trained, evaluated = out.trained, out.evaluated
+        site = trained.site  # the burst controller may have moved the training elsewhere
+        moved = stages.find_result(ws, run_id, "relocation", Relocation)
         lineage = stages.build_lineage(ws, job, prep, anon, synced, site, started, flow_run_id)
         promoted = promote(ws, job, run_id, trained.model_uri, lineage, evaluated)
-        close_run(ws, run_id, lineage, evaluated, promoted)
+        crossings = ([synced.transfer] if synced.transfer else []) + trained.transfers
+        if moved is not None and moved.transfer is not None:
+            crossings.append(moved.transfer)
+        close_run(ws, run_id, lineage, evaluated, promoted, crossings)
     except BaseException:
         Registry(ws.tracking_uri, ws.mlflow_artifacts).end_run(run_id, "FAILED")
         raise
     summary = RunSummary.build(job=job.name, flow_run_id=flow_run_id, mlflow_run_id=run_id, prep=prep, anon=anon,
-                               synced=synced, trained=trained, evaluated=evaluated, promoted=promoted)
+                               placement=decision, synced=synced, trained=trained, evaluated=evaluated,
+                               promoted=promoted)
     create_markdown_artifact(summary.to_markdown(), key=f"lifecycle-{job.name}", description="Lifecycle summary")
     create_table_artifact([s.model_dump() for s in summary.stages], key=f"stages-{job.name}",
                           description="Where each stage ran")
-    if synced.transfer is not None:
-        create_table_artifact([synced.transfer.as_row()], key=f"transfers-{job.name}",
-                              description="Bytes that crossed a site boundary")
+    if summary.transfers:
+        create_table_artifact(summary.transfers, key=f"transfers-{job.name}",
+                              description="Every byte that crossed a site boundary")
     return summary

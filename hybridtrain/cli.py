@@ -196,10 +196,10 @@ def data_generate(
 # -- run / status / demo ---------------------------------------------------------------------
 
 
-def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None) -> Any:
+def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch: str) -> Any:
     from flows.lifecycle import lifecycle
 
-    return lifecycle(spec_path=str(spec_path), workspace=str(ws.root), run_key=run_key)
+    return lifecycle(spec_path=str(spec_path), workspace=str(ws.root), run_key=run_key, dispatch=dispatch)
 
 
 def print_summary(summary: Any, ws: Workspace) -> None:
@@ -209,6 +209,11 @@ def print_summary(summary: Any, ws: Workspace) -> None:
     for s in summary.stages:
         t.add_row(s.stage, s.site, f"{s.seconds:.1f}", s.detail)
     console.print(t)
+    p = summary.placement
+    console.print(f"Placement: [bold]{p['site']}[/] ({p['capacity_class']}, strategy {p['strategy']}, "
+                  f"est. ${p['est_cost_usd']:.2f})")
+    for r in p["reasons"]:
+        console.print(f"  - {r}")
     d = Table(title="Datasets (DVC md5)", title_justify="left")
     d.add_column("tier")
     d.add_column("md5")
@@ -241,16 +246,22 @@ def print_summary(summary: Any, ws: Workspace) -> None:
 def run(
     spec: Annotated[Path, typer.Argument(help="Job spec file.")],
     run_key: Annotated[str | None, typer.Option(help="Resume the checkpoints of this run key.")] = None,
+    dispatch: Annotated[str, typer.Option(
+        help="auto: send stages to the sites' work pools when their deployments exist (after `make deploy`), "
+             "else run them here; inline: all here; pools: always through the pools.")] = "auto",
     home: HomeOpt = None,
 ) -> None:
     """Run the whole lifecycle of SPEC as a Prefect flow and print what happened."""
+    if dispatch not in ("auto", "inline", "pools"):
+        err.print(f"--dispatch must be auto, inline or pools, not {dispatch!r}")
+        raise typer.Exit(2)
     ws = _ws(home)
     try:
         from hybridtrain.spec import load_spec
         from hybridtrain import stages
 
         load_spec(spec if spec.is_absolute() else ws.root / spec, stages.load_sites(ws))
-        summary = _run_lifecycle(ws, spec, run_key)
+        summary = _run_lifecycle(ws, spec, run_key, dispatch)
     except HybridtrainError as exc:
         _fail(exc)
     print_summary(summary, ws)
@@ -319,10 +330,52 @@ def demo(
         console.print(f"sample data {'generated' if generated else 'present'}: data/raw/churn.csv md5 {md5}")
         created = _init_prefect(ws)
         console.print(f"Prefect blocks registered; pseudonym key {'created' if created else 'present'}")
-        summary = _run_lifecycle(ws, spec, None)
+        # The embedded default runs every stage in this process, whatever deployments exist.
+        summary = _run_lifecycle(ws, spec, None, "inline")
     except HybridtrainError as exc:
         _fail(exc)
     print_summary(summary, ws)
+
+
+def _read_secret_file(path: Path | None, what: str) -> str | None:
+    if path is None:
+        return None
+    if not path.is_file():
+        err.print(f"{what}: no file at {path}")
+        raise typer.Exit(2)
+    return path.read_text()
+
+
+@app.command()
+def credentials(
+    site: Annotated[str, typer.Argument(help="Site name from the sites catalog.")],
+    ssh_key: Annotated[Path | None, typer.Option(help="Private key file for the site's SSH hosts.")] = None,
+    known_hosts: Annotated[Path | None, typer.Option(help="known_hosts file pinning the hosts' keys.")] = None,
+    aws_access_key_id: Annotated[str | None, typer.Option(help="S3 access key id of the site's store.")] = None,
+    aws_secret_access_key_file: Annotated[Path | None, typer.Option(
+        help="File holding the S3 secret key (a file, so the secret never lands in shell history).")] = None,
+    home: HomeOpt = None,
+) -> None:
+    """Store a site's credentials in its Prefect block (encrypted server-side; never in YAML or git)."""
+    ws = _ws(home)
+    from blocks.register import register_sites, set_credentials
+    from hybridtrain import stages
+
+    try:
+        catalog = stages.load_sites(ws)
+        catalog.get(site)
+        register_sites(catalog)
+        changed = set_credentials(
+            site,
+            ssh_private_key=_read_secret_file(ssh_key, "--ssh-key"),
+            ssh_known_hosts=_read_secret_file(known_hosts, "--known-hosts"),
+            aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=(_read_secret_file(aws_secret_access_key_file, "--aws-secret-access-key-file")
+                                   or "").strip() or None,
+        )
+    except HybridtrainError as exc:
+        _fail(exc)
+    console.print(f"site {site}: stored {', '.join(changed) or 'nothing (give at least one option)'}")
 
 
 @app.command()
@@ -344,15 +397,10 @@ def deploy(home: HomeOpt = None) -> None:
     console.print("start workers with `make worker` (one process worker per pool)")
 
 
-def _mount_optional() -> None:
-    try:
-        from hybridtrain import cli_placement
-    except ImportError:
-        return
-    cli_placement.register(app)
+from hybridtrain import cli_governance, cli_placement  # noqa: E402 - their commands join this app
 
-
-_mount_optional()
+cli_placement.register(app)
+cli_governance.register(app)
 
 
 def main() -> None:

@@ -8,23 +8,33 @@ called in sequence, are the plain-Python baseline of the orchestration benchmark
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from typing import TypeVar
 
 from pydantic import BaseModel, Field
 
 from hybridtrain import partitioned
 from hybridtrain.dvc_repo import DatasetVersion, DvcRepo
-from hybridtrain.errors import DataError, Problem
+from hybridtrain.errors import DataError, Problem, SpecError
 from hybridtrain.lineage import Lineage, code_version
+from hybridtrain.object_store import ObjectStore
 from hybridtrain.preprocess import Preprocessor
 from hybridtrain.registry import CHAMPION, Registry
 from hybridtrain.sites import Site, SitesCatalog
 from hybridtrain.spec import JobSpec
-from hybridtrain.transfer import DataMover, TransferRecord
+from hybridtrain.transfer import DataMover, TransferRecord, egress_cost
 from hybridtrain.workspace import Workspace
 
+if TYPE_CHECKING:
+    from hybridtrain.ssh_site import SshCredentials
+
+M = TypeVar("M", bound=BaseModel)
 DVC_SUBDIR = "dvc"
 CHECKPOINT_SUBDIR = "objects"
 
@@ -70,6 +80,8 @@ class TrainOutput(BaseModel):
     device: str
     seconds: float
     samples_per_second: float
+    gpu_seconds: float = Field(0.0, description="Wall seconds x GPUs used (0 on CPU-only training).")
+    transfers: list[TransferRecord] = Field(default_factory=list, description="Model upload to the control site.")
 
 
 class EvaluateResult(BaseModel):
@@ -98,12 +110,27 @@ class PromoteResult(BaseModel):
 
 
 def load_sites(ws: Workspace) -> SitesCatalog:
-    return SitesCatalog.load(ws.sites_file)
+    """The sites catalog of the workspace, with the credentials it carries in memory merged in."""
+    catalog = SitesCatalog.load(ws.sites_file)
+    return ws.secrets.apply(catalog) if ws.secrets is not None else catalog
 
 
-def remotes_for(ws: Workspace, sites: SitesCatalog) -> dict[str, str]:
-    """Every site's store as a DVC remote named after the site."""
-    return {s.dvc_remote: f"{s.store_url(ws.root)}/{DVC_SUBDIR}" for s in sites.sites}
+def control_site(ws: Workspace, sites: SitesCatalog) -> Site:
+    """The site hosting the control plane (Prefect server, MLflow): ``HYBRIDTRAIN_CONTROL_SITE`` or the
+    first on-prem site of the catalog. Bytes sent to it from another site cross a boundary."""
+    if ws.control_site:
+        return sites.get(ws.control_site)
+    return next((x for x in sites.sites if x.kind.value == "onprem"), sites.sites[0])
+
+
+def remotes_for(ws: Workspace, sites: SitesCatalog) -> dict[str, dict[str, str]]:
+    """Every site's store as a DVC remote section (no secrets) named after the site."""
+    return {s.dvc_remote: s.dvc_remote_config(ws.root, DVC_SUBDIR) for s in sites.sites}
+
+
+def remote_secrets_for(sites: SitesCatalog) -> dict[str, dict[str, str]]:
+    """Credentials of every site's store, per DVC remote — handed to DvcRepo in memory only."""
+    return {s.dvc_remote: secrets for s in sites.sites if (secrets := s.dvc_remote_secrets())}
 
 
 def workspace_repo(ws: Workspace, sites: SitesCatalog, data_site: str) -> DvcRepo:
@@ -112,22 +139,24 @@ def workspace_repo(ws: Workspace, sites: SitesCatalog, data_site: str) -> DvcRep
     Local state (site working copies, MLflow artifacts) lives under ``.hybridtrain/`` inside the
     workspace; it holds DVC repos and pointers of its own, which the workspace repo must ignore.
     """
-    repo = DvcRepo.ensure(ws.root, remotes_for(ws, sites), default_remote=sites.get(data_site).dvc_remote)
+    repo = DvcRepo.ensure(ws.root, remotes_for(ws, sites), default_remote=sites.get(data_site).dvc_remote,
+                          secrets=remote_secrets_for(sites))
     repo.ignore(f"/{ws.state_dir.name}/")
     return repo
 
 
 def site_repo(ws: Workspace, site: Site) -> DvcRepo:
     """A site's own working copy: what a host at that site would have — its cache, its store."""
-    remote = {site.dvc_remote: f"{site.store_url(ws.root)}/{DVC_SUBDIR}"}
-    return DvcRepo.ensure(ws.site_workdir(site.name), remote, default_remote=site.dvc_remote, scm=False)
+    remote = {site.dvc_remote: site.dvc_remote_config(ws.root, DVC_SUBDIR)}
+    return DvcRepo.ensure(ws.site_workdir(site.name), remote, default_remote=site.dvc_remote, scm=False,
+                          secrets={site.dvc_remote: site.dvc_remote_secrets()})
 
 
-def checkpoint_store(ws: Workspace, site: Site):
-    """The site's object store (checkpoints, artifacts) as an ObjectStore."""
-    from hybridtrain.object_store import LocalObjectStore
+def checkpoint_store(ws: Workspace, site: Site) -> ObjectStore:
+    """The site's object store (checkpoints, artifacts) as an ObjectStore: a directory or an S3 bucket."""
+    from hybridtrain.object_store import open_store
 
-    return LocalObjectStore(Path(site.store_url(ws.root)) / CHECKPOINT_SUBDIR)
+    return open_store(site.store, ws.root, CHECKPOINT_SUBDIR, site=site.name)
 
 
 def dataset_at(ws: Workspace, sites: SitesCatalog, version: DatasetVersion, site: str, data_site: str) -> Path:
@@ -238,11 +267,17 @@ def sync(ws: Workspace, approved: DatasetVersion, destination: str) -> SyncResul
     return SyncResult(dataset=moved, transfer=record, site=destination, seconds=time.perf_counter() - started)
 
 
-def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run_id: str, run_key: str) -> TrainOutput:
+def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run_id: str, run_key: str,
+          *, ssh: SshCredentials | None = None, on_line: Callable[[str], None] | None = None) -> TrainOutput:
     """Train at ``site`` on its copy of the approved data; checkpoints go to that site's store.
 
     ``run_key`` names the checkpoint series: a retry or a resubmission of the same run resumes
     from its newest valid checkpoint; a new run starts fresh.
+
+    With ``ssh`` (the site block's private key and known_hosts) training runs on the site's
+    first SSH host under torchrun (``remote_training.ssh_train``, job id ``<job>-<run_key>``,
+    so a retry re-attaches to a job still running there), its log lines going to ``on_line``;
+    without it, in this process.
     """
     from hybridtrain.checkpoint import CheckpointStore
     from hybridtrain.trainer import Trainer
@@ -250,19 +285,56 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     started = time.perf_counter()
     sites = load_sites(ws)
     s = sites.get(site)
-    data_dir = dataset_at(ws, sites, approved, site, spec.dataset.site)
-    train_df = partitioned.read(data_dir, ["train"])
-    val_df = partitioned.read(data_dir, ["val"])
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
-    store = CheckpointStore.for_run(checkpoint_store(ws, s), spec.name, run_key, keep_last=spec.checkpoint.keep_last)
-    trainer = Trainer(spec.model, spec.checkpoint, store, spec.data_schema.label,
-                      threads=spec.model.threads or spec.resources.cpus, job=spec.name)
 
     def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
         registry.log_metrics(run_id, {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=epoch)
 
-    result = trainer.fit(train_df, val_df, on_epoch=on_epoch)
+    if ssh is None and s.hosts and ws.secrets is not None:
+        secret = ws.secrets.get(site)
+        if secret is not None and secret.has_ssh:
+            from hybridtrain.ssh_site import SshCredentials
+
+            ssh = SshCredentials(private_key=secret.ssh_private_key, known_hosts=secret.ssh_known_hosts or "")
+    if s.hosts and ssh is None:
+        raise SpecError("site credentials", [Problem(
+            f"{site}.ssh_private_key", f"site {site} trains on SSH hosts but its block holds no SSH key: "
+            f"run `hybridtrain credentials {site} --ssh-key FILE --known-hosts FILE`")])
+    if ssh is not None:
+        from hybridtrain.remote_training import ssh_train
+
+        if not s.hosts:
+            raise SpecError("sites catalog", [Problem(f"sites.{site}.hosts", "SSH credentials were given but the "
+                                                                              "site lists no hosts to train on")])
+        job_id = re.sub(r"[^A-Za-z0-9._-]", "-", f"{spec.name}-{run_key}")[:128]
+        files = ssh_train(ws, spec, approved, s, s.hosts[0], ssh.private_key, ssh.known_hosts, run_key, job_id,
+                          on_line, mlflow_run_id=run_id)
+        result, device = files.train_result(), files.result.device
+        for h in result.history:
+            on_epoch(int(h["epoch"]), {k: v for k, v in h.items() if k not in ("epoch", "global_step")})
+    else:
+        data_dir = dataset_at(ws, sites, approved, site, spec.dataset.site)
+        train_df = partitioned.read(data_dir, ["train"])
+        val_df = partitioned.read(data_dir, ["val"])
+        store = CheckpointStore.for_run(checkpoint_store(ws, s), spec.name, run_key,
+                                        keep_last=spec.checkpoint.keep_last)
+        trainer = Trainer(spec.model, spec.checkpoint, store, spec.data_schema.label,
+                          threads=spec.model.threads or spec.resources.cpus, job=spec.name)
+        result = trainer.fit(train_df, val_df, on_epoch=on_epoch)
+        device = str(trainer.device)
+    upload_started = time.perf_counter()
     ref = registry.log_model(run_id, result.model, result.featurizer.to_dict(), result.featurizer.n_features)
+    transfers = []
+    control = control_site(ws, sites)
+    if control.name != site:
+        # The model travels from the training site to the registry at the control site.
+        nbytes = registry.model_bytes(ref)
+        transfers.append(TransferRecord(
+            source=site, destination=control.name, what=f"model {ref.model_uri}", bytes=nbytes, files=1,
+            seconds=time.perf_counter() - upload_started, egress_per_gb=s.egress_per_gb,
+            cost_usd=egress_cost(nbytes, s)))
+    seconds = time.perf_counter() - started
+    registry.log_metrics(run_id, {"train_seconds": seconds})  # feeds the engine's duration estimates
     return TrainOutput(
         site=site,
         model_uri=ref.model_uri,
@@ -274,9 +346,11 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
         resumed_from_step=result.resumed_from_step,
         checkpoints_written=result.checkpoints_written,
         last_checkpoint=result.last_checkpoint.key if result.last_checkpoint else None,
-        device=str(getattr(trainer, "device", "cpu")),
-        seconds=time.perf_counter() - started,
+        device=device,
+        seconds=seconds,
         samples_per_second=result.samples_per_second,
+        gpu_seconds=seconds * max(1, spec.resources.gpus) if device.startswith("cuda") else 0.0,
+        transfers=transfers,
     )
 
 
@@ -406,18 +480,135 @@ def record_data(ws: Workspace, spec: JobSpec, run_id: str, prep: PreprocessResul
     registry.log_dict(run_id, anon.leak_scan, "reports/leak_scan.json")
     if synced.transfer is not None:
         t = synced.transfer
-        registry.log_dict(run_id, [t.as_row()], "reports/transfers.json")
         registry.set_tags(run_id, {"hybridtrain.transfer.bytes": t.bytes, "hybridtrain.transfer.files": t.files,
                                    "hybridtrain.transfer.route": f"{t.source}->{t.destination}",
                                    "hybridtrain.transfer.cost_usd": f"{t.cost_usd:.6f}"})
 
 
 def close_run(ws: Workspace, run_id: str, lineage: Lineage, evaluation: EvaluateResult,
-              promotion: PromoteResult) -> None:
+              promotion: PromoteResult, transfers: list[TransferRecord] | None = None) -> None:
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    if transfers:
+        registry.log_dict(run_id, [t.as_row() for t in transfers], "reports/transfers.json")
+        registry.set_tags(run_id, {"hybridtrain.transfer.total_bytes": sum(t.bytes for t in transfers),
+                                   "hybridtrain.transfer.total_cost_usd": f"{sum(t.cost_usd for t in transfers):.6f}",
+                                   "hybridtrain.transfer.count": len(transfers)})
     registry.set_tags(run_id, {**lineage.tags(), "hybridtrain.model_version": promotion.version,
                                "hybridtrain.promoted": str(promotion.promoted).lower()})
     registry.log_metrics(run_id, {f"test_{k}": v for k, v in evaluation.metrics.items()})
     if evaluation.champion_metrics:
         registry.log_metrics(run_id, {f"champion_test_{k}": v for k, v in evaluation.champion_metrics.items()})
     registry.end_run(run_id, "FINISHED")
+
+
+# -- stage results, handed back through the lifecycle's MLflow run ------------------------------
+
+
+def save_result(ws: Workspace, run_id: str, stage: str, result: BaseModel) -> None:
+    """Store a stage's result in the lifecycle run, so a stage that ran at another site (in another
+    worker's process) hands its output back through the one service every site can reach."""
+    Registry(ws.tracking_uri, ws.mlflow_artifacts).log_text(run_id, result.model_dump_json(indent=2),
+                                                            f"stages/{stage}.json")
+
+
+def find_result(ws: Workspace, run_id: str, stage: str, model: type[M]) -> M | None:
+    """Like ``load_result``, None when the stage recorded nothing (e.g. no relocation happened)."""
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    names = {f.path for f in registry.client.list_artifacts(run_id, "stages")}
+    return load_result(ws, run_id, stage, model) if f"stages/{stage}.json" in names else None
+
+
+def load_result(ws: Workspace, run_id: str, stage: str, model: type[M]) -> M:
+    text = Registry(ws.tracking_uri, ws.mlflow_artifacts).read_text(run_id, f"stages/{stage}.json")
+    return model.model_validate_json(text)
+
+
+# -- placement --------------------------------------------------------------------------------
+
+
+class PlacementOutcome(BaseModel):
+    """The engine's decision for one lifecycle, in a form that travels (Prefect results, MLflow)."""
+
+    site: str
+    capacity_class: str
+    strategy: str
+    cost_usd: float
+    finish_at: datetime
+    deadline: datetime | None
+    meets_deadline: bool
+    needs_sync: bool
+    must_stay: bool
+    queue_tier: str
+    queue_wait_s: float
+    run_hours: float
+    reasons: list[str]
+    breakdown: list[str]
+    candidates: list[dict[str, str]]
+    rejected: dict[str, str]
+    tags: dict[str, str]
+
+    def to_markdown(self) -> str:
+        lines = [f"# Placement: **{self.site}** ({self.capacity_class}, strategy {self.strategy})", "",
+                 f"Estimated cost ${self.cost_usd:.2f}, finish {self.finish_at:%Y-%m-%d %H:%M} UTC"
+                 + (f", deadline {self.deadline:%Y-%m-%d %H:%M} UTC" if self.deadline else "")
+                 + (" — meets it." if self.meets_deadline else " — **misses it** (least late option)."), ""]
+        lines += [f"- {r}" for r in self.reasons]
+        lines += ["", "## Cost breakdown", ""] + [f"- {b}" for b in self.breakdown]
+        if self.rejected:
+            lines += ["", "## Rejected", ""] + [f"- {k}: {v}" for k, v in self.rejected.items()]
+        return "\n".join(lines)
+
+
+def estimate_run_hours(ws: Workspace, spec: JobSpec) -> float | None:
+    """The engine's own run-time estimate for ``spec``: a high quantile of what this job's recent
+    training runs took (MLflow metric ``train_seconds``), capped by its declared limit; None
+    (use the declared limit) until three runs have finished."""
+    from hybridtrain.duration_estimator import HistoryQuantile
+
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    runs = registry.job_runs(ws.experiment, spec.name, limit=50)
+    samples = [r.data.metrics["train_seconds"] / 3600 for r in runs if "train_seconds" in r.data.metrics]
+    if len(samples) < 3:
+        return None
+    history = HistoryQuantile(quantile=0.9, min_samples=3)
+    for hours in samples:
+        history.observe(spec.resources.max_hours, hours)
+    return history.estimate(spec.resources.max_hours)
+
+
+def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, queues: dict | None, now: datetime,
+          run_hours: float | None = None) -> PlacementOutcome:
+    """Decide the training site with the placement engine (pure given its inputs: queues, clock, history)."""
+    from hybridtrain.placement import Placement
+    from hybridtrain.policy import Policy
+    from hybridtrain.request import request_from_spec
+
+    sites = load_sites(ws)
+    policy = Policy.load(ws.policy_file, sites)
+    request = request_from_spec(spec, dataset_bytes=dataset_bytes, now=now, run_hours=run_hours)
+    decision = Placement(sites, policy).decide(request, now=now.timestamp(), queues=queues)
+    return PlacementOutcome(
+        site=decision.site,
+        capacity_class=decision.capacity_class.value,
+        strategy=decision.strategy,
+        cost_usd=decision.cost_usd,
+        finish_at=datetime.fromtimestamp(decision.finish_at, UTC),
+        deadline=datetime.fromtimestamp(decision.deadline, UTC) if decision.deadline else None,
+        meets_deadline=decision.meets_deadline,
+        needs_sync=decision.needs_sync,
+        must_stay=decision.must_stay,
+        queue_tier=decision.queue_tier.name,
+        queue_wait_s=decision.queue_wait_s,
+        run_hours=request.run_hours,
+        reasons=decision.reasons,
+        breakdown=decision.estimate.lines(),
+        candidates=decision.to_table(),
+        rejected=decision.rejected,
+        tags={f"hybridtrain.{k}": v for k, v in decision.to_tags().items()},
+    )
+
+
+def record_placement(ws: Workspace, run_id: str, outcome: PlacementOutcome) -> None:
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    registry.set_tags(run_id, outcome.tags)
+    registry.log_dict(run_id, outcome.model_dump(mode="json"), "reports/placement.json")

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from hybridtrain.stages import (
     AnonymizeResult,
     EvaluateResult,
+    PlacementOutcome,
     PreprocessResult,
     PromoteResult,
     SyncResult,
@@ -40,6 +41,8 @@ class RunSummary(BaseModel):
     bytes_synced: int
     sync_route: str | None
     egress_usd: float
+    transfers: list[dict[str, Any]]
+    placement: dict[str, Any]
     training: dict[str, Any]
 
     @classmethod
@@ -51,12 +54,14 @@ class RunSummary(BaseModel):
         mlflow_run_id: str,
         prep: PreprocessResult,
         anon: AnonymizeResult,
+        placement: PlacementOutcome,
         synced: SyncResult,
         trained: TrainOutput,
         evaluated: EvaluateResult,
         promoted: PromoteResult,
     ) -> RunSummary:
         t = synced.transfer
+        moves = ([t] if t else []) + list(trained.transfers)
         rep = prep.report
         stages = [
             StageRow(stage="preprocess", site=prep.site, seconds=prep.seconds,
@@ -66,6 +71,10 @@ class RunSummary(BaseModel):
             StageRow(stage="anonymize", site=anon.site, seconds=anon.seconds,
                      detail=f"{anon.report.get('rows_out')} rows approved, k={anon.report.get('k_achieved')}, "
                             f"{anon.report.get('rows_suppressed')} suppressed, leak scan clean"),
+            StageRow(stage="place", site=placement.site, seconds=0.0,
+                     detail=f"{placement.capacity_class} via {placement.strategy}, est. ${placement.cost_usd:.2f}, "
+                            + ("meets the deadline" if placement.meets_deadline else "misses the deadline")
+                            + (f"; {len(placement.rejected)} candidate(s) rejected" if placement.rejected else "")),
             StageRow(stage="sync", site=f"{t.source} -> {t.destination}" if t else synced.site,
                      seconds=synced.seconds,
                      detail=f"{t.bytes:,} bytes in {t.files} files" if t else "data already at the site"),
@@ -96,10 +105,15 @@ class RunSummary(BaseModel):
             reasons=promoted.reasons,
             bytes_synced=t.bytes if t else 0,
             sync_route=f"{t.source}->{t.destination}" if t else None,
-            egress_usd=t.cost_usd if t else 0.0,
+            egress_usd=sum(m.cost_usd for m in moves),
+            transfers=[m.as_row() for m in moves],
+            placement={"site": placement.site, "capacity_class": placement.capacity_class,
+                       "strategy": placement.strategy, "est_cost_usd": round(placement.cost_usd, 4),
+                       "meets_deadline": placement.meets_deadline, "reasons": placement.reasons},
             training={"steps": trained.global_step, "epochs": trained.epochs_completed,
                       "resumed_from_step": trained.resumed_from_step, "device": trained.device,
                       "samples_per_second": round(trained.samples_per_second, 1),
+                      "gpu_seconds": round(trained.gpu_seconds, 1),
                       "model_uri": trained.model_uri},
         )
 
@@ -118,6 +132,11 @@ class RunSummary(BaseModel):
                   f"- champion: **{'v' + self.champion_version if self.champion_version else 'none'}**"
                   + (" (moved by this run)" if self.promoted else " (unchanged)"),
                   *[f"- {r}" for r in self.reasons],
-                  "", f"Bytes synced: {self.bytes_synced:,} ({self.sync_route or 'no sync'}), "
-                      f"egress ${self.egress_usd:.4f}. MLflow run `{self.mlflow_run_id}`."]
+                  "", f"Bytes synced: {self.bytes_synced:,} ({self.sync_route or 'no sync'}); "
+                      f"egress of all crossings ${self.egress_usd:.4f}. MLflow run `{self.mlflow_run_id}`."]
+        if self.transfers:
+            lines += ["", "## Site crossings", "", "| from | to | what | bytes | seconds | cost USD |",
+                      "|---|---|---|---|---|---|"]
+            lines += [f"| {t['source']} | {t['destination']} | {t['what']} | {t['bytes']:,} | {t['seconds']} | "
+                      f"{t['cost_usd']} |" for t in self.transfers]
         return "\n".join(lines)

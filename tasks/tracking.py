@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from prefect import task
+from pydantic import BaseModel
 
 from hybridtrain import stages
 from hybridtrain.lineage import Lineage
+from hybridtrain.transfer import TransferRecord
 from hybridtrain.spec import JobSpec
 from hybridtrain.workspace import Workspace
 from tasks.retry import BACKOFF_S, only_transient
@@ -30,5 +32,10 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, model_uri: str, lineage: 
 
 @task(name="close-run", retries=3, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
 def close_run(ws: Workspace, run_id: str, lineage: Lineage, result: stages.EvaluateResult,
-              promotion: stages.PromoteResult) -> None:
-    stages.close_run(ws, run_id, lineage, result, promotion)
+              promotion: stages.PromoteResult, transfers: list[TransferRecord] | None = None) -> None:
+    stages.close_run(ws, run_id, lineage, result, promotion, transfers)
+
+
+@task(name="save-result", retries=3, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
+def save_result(ws: Workspace, run_id: str, stage: str, result: BaseModel) -> None:
+    stages.save_result(ws, run_id, stage, result)

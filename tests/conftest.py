@@ -1,10 +1,11 @@
-"""Shared fixtures: quiet third-party telemetry and a throwaway workspace with the project's configs."""
+"""Shared fixtures: quiet telemetry, a throwaway workspace with the project's configs, one Prefect server."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,21 @@ def make_workspace(dest: Path) -> Path:
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     return make_workspace(tmp_path / "ws")
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory) -> Iterator[str]:
+    os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "hybridtrain")
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="session")
+def pseudonym_key(prefect_server) -> None:
+    from blocks.register import ensure_pseudonym_key
+
+    ensure_pseudonym_key("hybridtrain-pseudonym-key")

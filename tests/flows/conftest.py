@@ -1,35 +1,15 @@
-"""Flow-tier fixtures: one real Prefect server for the session, workspaces with small generated data."""
+"""Flow-tier fixtures: workspaces with small generated data and spec variants sized for tests."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.conftest import make_workspace
 
 ROWS = 6000
-
-
-@pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory) -> Iterator[str]:
-    os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
-    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "hybridtrain")
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield PREFECT_API_URL.value()
-
-
-@pytest.fixture(scope="session")
-def pseudonym_key(prefect_server) -> None:
-    from blocks.register import ensure_pseudonym_key
-
-    ensure_pseudonym_key("hybridtrain-pseudonym-key")
 
 
 SpecWriter = Callable[..., Path]

@@ -32,9 +32,9 @@ def runs(prefect_server, pseudonym_key, tmp_path_factory):
     weak = write("weak", **WEAK)
     strong = write("strong", evaluation__thresholds={"auc": 0.7})
     out = {"root": root}
-    out["a"] = lifecycle(spec_path=str(weak), workspace=str(root))
-    out["b"] = lifecycle(spec_path=str(strong), workspace=str(root))
-    out["c"] = lifecycle(spec_path=str(weak), workspace=str(root))
+    out["a"] = lifecycle(spec_path=str(weak), workspace=str(root), dispatch="inline")
+    out["b"] = lifecycle(spec_path=str(strong), workspace=str(root), dispatch="inline")
+    out["c"] = lifecycle(spec_path=str(weak), workspace=str(root), dispatch="inline")
     return out
 
 
@@ -95,7 +95,13 @@ def test_first_sync_moves_bytes_and_an_unchanged_resync_moves_none(runs):
     a, b = runs["a"], runs["b"]
     assert a.bytes_synced > 10_000 and a.sync_route == "onprem-dc1->cloud-eu"
     assert b.bytes_synced == 0  # same approved version: content addressing moves nothing
-    assert a.egress_usd == pytest.approx(a.bytes_synced / 1e9 * 0.0)  # on-prem egress is free in sites.yaml
+    data, model = a.transfers
+    assert (data["source"], data["destination"], data["bytes"]) == ("onprem-dc1", "cloud-eu", a.bytes_synced)
+    assert data["cost_usd"] == 0  # on-prem egress is free in sites.yaml
+    # The trained model travels back from the cloud site to the registry, at the cloud's egress price.
+    assert (model["source"], model["destination"]) == ("cloud-eu", "onprem-dc1") and model["bytes"] > 1000
+    assert model["cost_usd"] == pytest.approx(model["bytes"] / 1e9 * 0.09, abs=1e-6)
+    assert a.egress_usd == pytest.approx(model["cost_usd"], abs=1e-6)
 
 
 def test_approved_data_at_the_cloud_site_holds_no_raw_sensitive_value(runs):

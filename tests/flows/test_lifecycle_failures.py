@@ -20,7 +20,7 @@ def root(prefect_server, pseudonym_key, tmp_path_factory):
 def run(spec_path, root):
     from flows.lifecycle import lifecycle
 
-    state = lifecycle(spec_path=str(spec_path), workspace=str(root), return_state=True)
+    state = lifecycle(spec_path=str(spec_path), workspace=str(root), dispatch="inline", return_state=True)
     assert state.is_failed()
     return state.result(raise_on_failure=False)
 

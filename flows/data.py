@@ -1,0 +1,40 @@
+"""Data stage flows, run in the work pool of the site holding the data: prepare (preprocess + anonymize) and sync."""
+
+from __future__ import annotations
+
+from prefect import flow
+from pydantic import BaseModel
+
+from hybridtrain import stages
+from hybridtrain.dvc_repo import DatasetVersion
+from hybridtrain.spec import JobSpec
+from blocks.site import with_site_secrets
+from hybridtrain.workspace import Workspace
+from tasks.data import anonymize, preprocess, sync
+from tasks.tracking import save_result
+
+
+class Prepared(BaseModel):
+    prep: stages.PreprocessResult
+    anon: stages.AnonymizeResult
+
+
+@flow(name="prepare-data", flow_run_name="prepare-{spec.metadata.name}", log_prints=True)
+def prepare_data(spec: JobSpec, run_id: str, workspace: str | None = None) -> Prepared:
+    """Raw → curated → approved at the data's own site (raw data never leaves it)."""
+    ws = with_site_secrets(Workspace.resolve(workspace))
+    prep = preprocess(ws, spec)
+    anon = anonymize(ws, spec, prep.curated)
+    out = Prepared(prep=prep, anon=anon)
+    save_result(ws, run_id, "prepare-data", out)
+    return out
+
+
+@flow(name="sync-data", flow_run_name="sync-{approved.path}-to-{destination}", log_prints=True)
+def sync_data(approved: DatasetVersion, destination: str, run_id: str,
+              workspace: str | None = None) -> stages.SyncResult:
+    """Push the approved version from its site to ``destination``'s store; only missing objects move."""
+    ws = with_site_secrets(Workspace.resolve(workspace))
+    out = sync(ws, approved, destination)
+    save_result(ws, run_id, "sync-data", out)
+    return out

@@ -1,0 +1,94 @@
+"""Dispatch: run a stage flow in the work pool of the site where it must run, and get its result back."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+import time
+from uuid import UUID
+
+from prefect import Flow, get_run_logger
+from prefect.client.schemas.objects import FlowRun
+from prefect.client.orchestration import get_client
+from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
+from pydantic import BaseModel
+
+from hybridtrain import stages
+from hybridtrain.errors import SiteUnavailable, StageFailed
+from hybridtrain.workspace import Workspace
+from tasks.burst import MOVED
+
+Mode = Literal["auto", "inline", "pools"]
+R = TypeVar("R", bound=BaseModel)
+POLL_S = 1.0
+
+
+def deployment_name(stage_flow: Flow, pool: str) -> str:
+    """Each stage flow has one deployment per work pool, named after the pool (``train-stage/cloud``)."""
+    return f"{stage_flow.name}/{pool}"
+
+
+def workers_online(pool: str) -> int:
+    """How many workers of ``pool`` report a recent heartbeat (status ONLINE)."""
+    from prefect.client.schemas.filters import WorkerFilter, WorkerFilterStatus
+
+    with get_client(sync_client=True) as client:
+        return len(client.read_workers_for_work_pool(
+            pool, worker_filter=WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"]))))
+
+
+def has_deployment(name: str) -> bool:
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_deployment_by_name(name)
+        except ObjectNotFound:
+            return False
+    return True
+
+
+def follow_moves(run: FlowRun, timeout_s: float) -> FlowRun:
+    """If the burst controller moved the run (Cancelled with a ``moved:<id>:<site>`` message), wait for
+    the replacement instead, as often as it was moved."""
+    deadline = time.monotonic() + timeout_s
+    while run.state is not None and run.state.is_cancelled() and (run.state.message or "").startswith(MOVED):
+        new_id = run.state.message.removeprefix(MOVED).split(":", 1)[0]
+        with get_client(sync_client=True) as client:
+            while True:
+                run = client.read_flow_run(UUID(new_id))
+                if (run.state is not None and run.state.is_final()) or time.monotonic() > deadline:
+                    break
+                time.sleep(POLL_S)  # polling the API, as run_deployment itself does
+    return run
+
+
+def run_stage(stage_flow: Flow, result_type: type[R], *, site: str, params: dict[str, Any], ws: Workspace,
+              run_id: str, mode: Mode, timeout_s: float) -> R:
+    """Run ``stage_flow`` for ``site``.
+
+    ``inline`` calls it as a subflow in this process (the embedded default). ``pools`` creates a
+    run of its deployment for the site's pool and waits: the pool's worker executes it where the
+    site is, and the result comes back through the lifecycle's MLflow run. ``auto`` uses the pool
+    when that deployment exists (after ``make deploy``), inline otherwise.
+    """
+    pool = stages.load_sites(ws).get(site).work_pool
+    name = deployment_name(stage_flow, pool)
+    if mode == "inline" or (mode == "auto" and not has_deployment(name)):
+        return stage_flow(**params, workspace=str(ws.root))
+    payload = {k: v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v
+               for k, v in params.items()}
+    if not workers_online(pool):
+        get_run_logger().warning(
+            "no worker of pool %r is online; %s waits until one starts (`prefect worker start --pool %s`)",
+            pool, name, pool)
+    run = run_deployment(name, parameters=payload, timeout=timeout_s, poll_interval=POLL_S,
+                         idempotency_key=f"{run_id}:{stage_flow.name}:{site}")
+    run = follow_moves(run, timeout_s)
+    state = run.state
+    if state is None or not state.is_final():
+        raise SiteUnavailable(site, f"no worker of pool {pool!r} finished {name} within {timeout_s:.0f} s "
+                                    f"(flow run {run.id}, state {state.name if state else 'unknown'}); "
+                                    f"start one with `prefect worker start --pool {pool}`")
+    if not state.is_completed():
+        raise StageFailed(stage_flow.name, site, str(run.id), state.name, state.message or "")
+    return stages.load_result(ws, run_id, stage_flow.name, result_type)

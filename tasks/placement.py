@@ -1,0 +1,27 @@
+"""Placement task: gather live queue state from Prefect, then one call of the pure placement engine."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from hybridtrain import stages
+from hybridtrain.prefect_queues import PrefectQueues
+from hybridtrain.spec import JobSpec
+from hybridtrain.workspace import Workspace
+from tasks.retry import BACKOFF_S, only_transient
+
+
+@task(name="place", retries=3, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
+def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, run_id: str) -> stages.PlacementOutcome:
+    now = datetime.now(UTC)
+    queues = PrefectQueues(stages.load_sites(ws)).snapshot(now)
+    outcome = stages.place(ws, spec, dataset_bytes, queues, now, stages.estimate_run_hours(ws, spec))
+    stages.record_placement(ws, run_id, outcome)
+    create_table_artifact(outcome.candidates, key=f"placement-{spec.name}",
+                          description=f"Placement candidates; chosen {outcome.site} ({outcome.capacity_class})")
+    create_markdown_artifact(outcome.to_markdown(), key=f"placement-why-{spec.name}",
+                             description="Why the engine chose this site")
+    return outcome

@@ -1,0 +1,149 @@
+"""The lifecycle across two work pools with real process workers, a real sshd and a real S3 server.
+
+Sites: ``onprem-dc1`` trains on an SSH host (the session's sshd on loopback) and keeps its store
+in a directory; ``cloud-eu`` keeps its store in S3 (moto over HTTP) and trains in its worker.
+Credentials live only in the site blocks. Preprocessing runs in the pool of the data's site and
+training in the pool of the placed site — first on-prem → cloud, then the reverse.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hybridtrain.workspace import Workspace
+from tests.conftest import ROOT
+from tests.flows.conftest import build_workspace, spec_writer
+
+pytestmark = pytest.mark.slow
+BUCKET = "hybridtrain-pools"
+WORKER_START_TIMEOUT_S = 120
+
+
+def write_sites(root: Path, sshd, endpoint: str) -> None:
+    data = yaml.safe_load((root / "deployments" / "sites.yaml").read_text())
+    onprem, cloud = data["sites"]
+    onprem["hosts"] = [sshd.host.model_dump(mode="json")]
+    onprem["store"] = {"kind": "local", "path": str(root / ".hybridtrain" / "stores" / "onprem-dc1")}
+    cloud["store"] = {"kind": "s3", "bucket": BUCKET, "prefix": "cloud-eu", "endpoint_url": endpoint}
+    (root / "deployments" / "sites.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def start_worker(pool: str, root: Path, api: str, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_WORKER_QUERY_SECONDS": "1",
+           "PREFECT_WORKER_HEARTBEAT_SECONDS": "5", "HYBRIDTRAIN_HOME": str(root),
+           "PREFECT_LOGGING_EXTRA_LOGGERS": "hybridtrain"}
+    with open(log, "wb") as fh:
+        return subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool],
+                                cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def wait_for_workers(pools: list[str], procs: list[subprocess.Popen], logs: list[Path]) -> None:
+    from flows.dispatch import workers_online
+
+    deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        for p, log in zip(procs, logs, strict=True):
+            if p.poll() is not None:
+                raise RuntimeError(f"worker exited with {p.returncode}: {log.read_text()[-3000:]}")
+        if all(workers_online(pool) for pool in pools):
+            return
+        time.sleep(0.5)
+    raise RuntimeError("workers did not come online: " + " | ".join(log.read_text()[-1500:] for log in logs))
+
+
+@pytest.fixture(scope="module")
+def pools(prefect_server, pseudonym_key, sshd, s3_server, tmp_path_factory):
+    import boto3
+
+    from blocks.register import set_credentials
+    from deployments.bootstrap import bootstrap
+
+    s3_server.reset()
+    boto3.client("s3", endpoint_url=s3_server.url, aws_access_key_id="testing", aws_secret_access_key="testing",
+                 region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    base = tmp_path_factory.mktemp("pools")
+    root = build_workspace(base / "ws", rows=3000)
+    for pkg in ("flows", "tasks", "blocks"):
+        (root / pkg).symlink_to(ROOT / pkg, target_is_directory=True)
+    write_sites(root, sshd, s3_server.url)
+    ws = Workspace.resolve(root)
+    bootstrap(ws)
+    set_credentials("onprem-dc1", ssh_private_key=sshd.private_key, ssh_known_hosts=sshd.known_hosts)
+    set_credentials("cloud-eu", aws_access_key_id="testing", aws_secret_access_key="testing")
+    logs = [base / "worker-onprem.log", base / "worker-cloud.log"]
+    procs = [start_worker("onprem", root, prefect_server, logs[0]), start_worker("cloud", root, prefect_server, logs[1])]
+    try:
+        wait_for_workers(["onprem", "cloud"], procs, logs)
+        yield {"ws": ws, "write": spec_writer(root), "logs": logs, "sshd": sshd}
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def stage_runs(summary) -> dict[str, str]:
+    """Stage flow name -> work pool of its (last) run for this lifecycle."""
+    from prefect.client.orchestration import get_client
+
+    out = {}
+    with get_client(sync_client=True) as client:
+        for fr in client.read_flow_runs():
+            if fr.parameters.get("run_id") == summary.mlflow_run_id and fr.work_pool_name:
+                out[client.read_flow(fr.flow_id).name] = fr.work_pool_name
+                assert fr.state.is_completed(), (fr.name, fr.state)
+    return out
+
+
+def test_preprocess_on_prem_train_in_the_cloud(pools):
+    from flows.lifecycle import lifecycle
+
+    spec = pools["write"]("to-cloud", placement__site="cloud-eu")
+    summary = lifecycle(spec_path=str(spec), workspace=str(pools["ws"].root), dispatch="pools")
+    assert stage_runs(summary) == {"prepare-data": "onprem", "sync-data": "onprem", "train-stage": "cloud"}
+    assert summary.sync_route == "onprem-dc1->cloud-eu" and summary.bytes_synced > 0
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=_endpoint(pools), aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="cloud-eu/").get("Contents", [])]
+    assert any("/dvc/files/md5/" in k for k in keys), "approved data not in the cloud store"
+    assert any("/objects/checkpoints/churn/" in k for k in keys), "no checkpoints in the cloud store"
+
+
+def _endpoint(pools) -> str:
+    return yaml.safe_load((pools["ws"].root / "deployments" / "sites.yaml").read_text())["sites"][1]["store"][
+        "endpoint_url"]
+
+
+def test_the_reverse_preprocess_in_the_cloud_train_on_prem_over_ssh(pools):
+    from flows.lifecycle import lifecycle
+    from hybridtrain import stages
+
+    ws = pools["ws"]
+    from blocks.site import with_site_secrets
+
+    secret_ws = with_site_secrets(ws)
+    sites = stages.load_sites(secret_ws)
+    repo = stages.workspace_repo(secret_ws, sites, "onprem-dc1")
+    raw = repo.version("data/raw/churn.csv", "raw", "cloud-eu")
+    repo.push(raw, "cloud-eu")  # the raw data of this job lives in the cloud site's store
+    spec = pools["write"]("to-onprem", dataset__site="cloud-eu", placement__site="onprem-dc1",
+                          metadata__name="reverse", registry__model_name="reverse-model")
+    summary = lifecycle(spec_path=str(spec), workspace=str(ws.root), dispatch="pools")
+    assert stage_runs(summary) == {"prepare-data": "cloud", "sync-data": "cloud", "train-stage": "onprem"}
+    assert summary.sync_route == "cloud-eu->onprem-dc1"
+    assert [s.site for s in summary.stages if s.stage == "train"] == ["onprem-dc1"]
+    # Training ran on the SSH host: its job directory and complete log are there.
+    jobs = list(Path(pools["sshd"].host.workdir).glob("jobs/reverse-*"))
+    assert jobs, "no job directory on the SSH host"
+    assert "epoch" in (jobs[0] / "log").read_text()
