@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from hybridtrain.errors import DataError, LeakDetected, Problem
 from hybridtrain.spec import NUMERIC_TYPES, ColumnType, JobSpec, SensitiveColumn, Treatment
-
+#: Output of ``Anonymizer`` pseudonyms: ``p_`` and 20 hex digits of two keyed SipHash-2-4 outputs (see anonymizer).
 #: Output of ``Anonymizer`` pseudonyms: ``p_`` and the 20 hex digits of a keyed BLAKE2b digest.
 PSEUDONYM_RE = re.compile(r"p_[0-9a-f]{20}")
 

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import pickle
+import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hybridtrain.anonymizer import AnonymizationReport, Anonymizer
 from hybridtrain.errors import DataError, SpecError
@@ -59,9 +66,76 @@ def without_k(spec: JobSpec) -> JobSpec:
     return parse_spec(data)
 
 
+# -- an independent reference of the documented pseudonym ---------------------------------------
+
+_M64 = (1 << 64) - 1
+
+
+def siphash24(key: bytes, message: bytes) -> int:
+    """SipHash-2-4 (Aumasson & Bernstein 2012), straight from the paper, in pure Python."""
+
+    def rotl(x: int, b: int) -> int:
+        return ((x << b) | (x >> (64 - b))) & _M64
+
+    k0, k1 = struct.unpack("<QQ", key)
+    v = [k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573]
+
+    def sip_round() -> None:
+        v[0] = (v[0] + v[1]) & _M64
+        v[1] = rotl(v[1], 13) ^ v[0]
+        v[0] = rotl(v[0], 32)
+        v[2] = (v[2] + v[3]) & _M64
+        v[3] = rotl(v[3], 16) ^ v[2]
+        v[0] = (v[0] + v[3]) & _M64
+        v[3] = rotl(v[3], 21) ^ v[0]
+        v[2] = (v[2] + v[1]) & _M64
+        v[1] = rotl(v[1], 17) ^ v[2]
+        v[2] = rotl(v[2], 32)
+
+    n = len(message)
+    whole = n - n % 8
+    last = (n & 0xFF) << 56 | int.from_bytes(message[whole:], "little")
+    for m in [*struct.unpack_from(f"<{whole // 8}Q", message), last]:
+        v[3] ^= m
+        sip_round()
+        sip_round()
+        v[0] ^= m
+    v[2] ^= 0xFF
+    for _ in range(4):
+        sip_round()
+    return v[0] ^ v[1] ^ v[2] ^ v[3]
+
+
+def mix64(x: int) -> int:
+    """The fixed invertible mixer ``pandas.util.hash_array`` applies after SipHash (splitmix64 finalizer)."""
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _M64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def subkeys(key: bytes) -> tuple[bytes, bytes]:
+    if len(key) > 64:
+        key = hashlib.blake2b(key).digest()
+    return tuple(  # type: ignore[return-value]
+        hashlib.blake2b(key=key, digest_size=16, person=p).digest() for p in (b"hybridtrain/psk0", b"hybridtrain/psk1")
+    )
+
+
 def keyed_label(value: str, key: bytes = KEY) -> str:
-    """The documented pseudonym, computed independently: keyed BLAKE2b, 10-byte digest, personalized."""
-    return "p_" + hashlib.blake2b(value.encode(), key=key, digest_size=10, person=b"hybridtrain/psn1").hexdigest()
+    """The documented pseudonym, computed independently: "p_" + the first 10 bytes of h0 || h1 in hex."""
+    k0, k1 = subkeys(key)
+    message = value.encode()
+    h0, h1 = mix64(siphash24(k0, message)), mix64(siphash24(k1, message))
+    return f"p_{h0:016x}{h1 >> 48:04x}"
+
+
+def test_reference_siphash_matches_the_published_test_vectors() -> None:
+    key = bytes(range(16))  # the paper's key 00..0f; messages 00, 00 01, ... (Appendix A and the reference vectors)
+    assert siphash24(key, bytes(range(15))) == 0xA129CA6149BE45E5
+    assert siphash24(key, b"") == 0x726FDB47DD0E0E31
+    assert siphash24(key, bytes(range(8))) == 0x93F5F5799A932462
 
 
 def is_type(series: pd.Series, t: ColumnType) -> bool:
@@ -98,21 +172,104 @@ def test_text_key_is_refused() -> None:
 def test_key_is_not_kept_or_shown() -> None:
     spec = make_spec({"email": "string"}, {"email": {"treatment": "pseudonym"}})
     anonymizer = Anonymizer(spec, KEY)
-    assert KEY.decode() not in repr(anonymizer)
+    derived = [k.decode("latin-1") for k in subkeys(KEY)]
+    for shown in (repr(anonymizer), repr(vars(anonymizer)), str(vars(anonymizer))):
+        assert KEY.decode() not in shown
+        assert not any(k in shown for k in derived)
     assert all(v != KEY for v in vars(anonymizer).values())
+
+
+def test_anonymizer_with_its_keys_cannot_be_pickled() -> None:
+    import copy
+
+    import cloudpickle
+
+    spec = make_spec({"email": "string"}, {"email": {"treatment": "pseudonym"}})
+    anonymizer = Anonymizer(spec, KEY)
+    for dump in (pickle.dumps, cloudpickle.dumps, copy.deepcopy):
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            dump(anonymizer)
 
 
 def test_keys_longer_than_64_bytes_are_hashed_to_64_bytes_first() -> None:
     long_key = bytes(range(100))
     spec = make_spec({"email": "string"}, {"email": {"treatment": "pseudonym"}})
     out = Anonymizer(spec, long_key).pseudonymize(pd.Series(["x@y.com"], dtype="str"))
+    assert out.iloc[0] == keyed_label("x@y.com", long_key)
     assert out.iloc[0] == keyed_label("x@y.com", hashlib.blake2b(long_key).digest())
 
 
 # -- pseudonym -----------------------------------------------------------------------------------
 
 
-def test_pseudonym_is_keyed_blake2b_of_the_normal_form() -> None:
+# Pinned outputs: pseudonyms must not change across runs, processes or (pinned) pandas versions,
+# because approved datasets of different runs are joined on them.
+KNOWN = {
+    "ann.lee@example.com": "p_734ac5312db60a98f89a",
+    "strasse@x.de": "p_0eeb3666e388d3a31354",
+    "acc-00000042": "p_44e73d5d28281875c889",
+    "1234567": "p_b0bc0db5fb66e40daaa9",
+    "1985-03-02": "p_6e6f5a35408e71851801",
+    "zoë@ünïcode.example": "p_22e333b8230c0b4eef44",
+}
+
+
+def test_known_pseudonyms_are_pinned_and_match_the_reference() -> None:
+    spec = make_spec({"email": "string"}, {"email": {"treatment": "pseudonym"}})
+    values = list(KNOWN)
+    out = Anonymizer(spec, KEY).pseudonymize(pd.Series(values, dtype="str"))
+    assert out.tolist() == [KNOWN[v] for v in values]
+    assert [keyed_label(v) for v in KNOWN] == list(KNOWN.values())
+
+
+def test_pseudonyms_are_the_same_in_another_process() -> None:
+    code = (
+        "import sys, pandas as pd; from hybridtrain.anonymizer import Anonymizer; "
+        "from hybridtrain.spec import load_spec; "
+        "a = Anonymizer(load_spec('jobs/churn.yaml'), %r); "
+        "print('\\n'.join(a.pseudonymize(pd.Series(%r, dtype='str')).tolist()))"
+    )
+    values = list(KNOWN)
+    outputs = set()
+    for seed in ("0", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-c", code % (KEY, values)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, check=True)  # fmt: skip
+        outputs.add(done.stdout)
+    assert outputs == {"\n".join(KNOWN[v] for v in values) + "\n"}
+
+
+def test_pseudonym_depends_on_the_key_and_is_not_an_unkeyed_hash() -> None:
+    spec = make_spec({"email": "string"}, {"email": {"treatment": "pseudonym"}})
+    values = pd.Series([f"user{i}@example.com" for i in range(1_000)], dtype="str")
+    mine = Anonymizer(spec, KEY).pseudonymize(values)
+    assert mine.tolist() == Anonymizer(spec, KEY).pseudonymize(values).tolist()
+    for other in (OTHER_KEY, KEY[:-1] + b"?", bytes(32)):
+        assert not (mine == Anonymizer(spec, other).pseudonymize(values)).any()
+    # Not pandas' default (public) SipHash key, nor unkeyed BLAKE2b, nor the old keyed BLAKE2b form.
+    messages = np.array([v.encode() for v in values], dtype=object)
+    public = pd.util.hash_array(messages, categorize=False).tolist()  # pandas' built-in, published key
+    assert not {p[2:18] for p in mine} & {f"{h:016x}" for h in public}
+    unkeyed = {"p_" + hashlib.blake2b(m, digest_size=10).hexdigest() for m in messages}
+    unkeyed |= {"p_" + hashlib.blake2b(m, key=KEY, digest_size=10, person=b"hybridtrain/psn1").hexdigest()
+                for m in messages}  # fmt: skip
+    assert not set(mine) & unkeyed
+
+
+def test_no_pseudonym_collisions_on_a_benchmark_sized_sample() -> None:
+    churn = generate_churn(200_000)
+    spec = make_spec({"email": "string"}, {"email": {"treatment": "pseudonym"}})
+    anonymizer = Anonymizer(spec, KEY)
+    for column in ("account_id", "email"):
+        forms = churn[column].str.strip().str.casefold()
+        out = anonymizer.pseudonymize(churn[column])
+        assert out.notna().all()
+        assert out.str.fullmatch(r"p_[0-9a-f]{20}").all()
+        pairs = pd.DataFrame({"form": forms.to_numpy(), "pseudonym": out.to_numpy()}).drop_duplicates()
+        assert pairs["form"].is_unique and pairs["pseudonym"].is_unique  # one-to-one
+
+
+def test_pseudonym_is_keyed_siphash_of_the_normal_form() -> None:
     spec = make_spec({"email": "string"}, {"email": {"treatment": "pseudonym"}})
     df = pd.DataFrame({"email": ["  Ann.Lee@Example.COM\t", "ann.lee@example.com", "STRASSE@x.de", "straße@x.de"]})
     out = Anonymizer(spec, KEY).apply(df).frame["email"]
@@ -144,6 +301,18 @@ def test_pseudonym_keeps_nulls_and_blanks_missing() -> None:
     assert (report.transformed, report.nulls) == (2, 3)
 
 
+@pytest.mark.parametrize("dtype", [object, "string", "category"])
+def test_pseudonym_keeps_every_kind_of_missing_missing(dtype: Any) -> None:
+    spec = make_spec({"email": "string"}, {"email": {"treatment": "pseudonym"}})
+    raw = ["a@b.com", None, np.nan, pd.NA, " \t", "", "A@B.com "]
+    if dtype == "category":
+        raw = [None if v is pd.NA or (isinstance(v, float) and np.isnan(v)) else v for v in raw]
+    out = Anonymizer(spec, KEY).pseudonymize(pd.Series(raw, dtype=dtype))
+    assert out.isna().tolist() == [False, True, True, True, True, True, False]
+    assert out.iloc[0] == out.iloc[6] == keyed_label("a@b.com")
+    assert isinstance(out.dtype, pd.StringDtype)
+
+
 def test_pseudonym_leaves_no_raw_value() -> None:
     churn = generate_churn(3_000)
     spec = without_k(load_spec(ROOT / "jobs" / "churn.yaml"))
@@ -152,6 +321,22 @@ def test_pseudonym_leaves_no_raw_value() -> None:
     for column in ("account_id", "email"):
         raw = set(churn[column].str.strip().str.casefold())
         assert not set(out[column].str.casefold()) & raw
+
+
+TRICKY_TEXT = st.sampled_from([" Ann@X.com", "ann@x.com", "STRASSE", "straße", "\u3000", "\t"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.text(max_size=10), TRICKY_TEXT), max_size=25))
+def test_text_and_factorized_paths_agree_with_the_reference(values: list[str | None]) -> None:
+    # str/string columns are hashed row by row; object and category columns distinct value by value.
+    spec = make_spec({"email": "string"}, {"email": {"treatment": "pseudonym"}})
+    anonymizer = Anonymizer(spec, KEY)
+    expected = [None if v is None or not v.strip() else keyed_label(v.strip().casefold()) for v in values]
+    for dtype in ("str", "string", object, "category"):
+        out = anonymizer.pseudonymize(pd.Series(values, dtype=dtype))
+        assert [None if pd.isna(v) else v for v in out] == expected, dtype
+        assert isinstance(out.dtype, pd.StringDtype)
 
 
 def test_pseudonym_of_dates_agrees_for_text_and_datetime() -> None:
@@ -170,6 +355,9 @@ def test_pseudonym_of_numbers_hashes_their_text() -> None:
     out = Anonymizer(spec, KEY).apply(pd.DataFrame({"customer_no": [1234567, 42]})).frame["customer_no"]
     assert out.tolist() == [keyed_label("1234567"), keyed_label("42")]
     assert isinstance(out.dtype, pd.StringDtype)
+    as_text = Anonymizer(spec, KEY).pseudonymize(pd.Series(["1234567", " 42"], dtype="str"))
+    mixed = Anonymizer(spec, KEY).pseudonymize(pd.Series([1234567, "42"], dtype=object))
+    assert as_text.tolist() == mixed.tolist() == out.tolist()  # int 123 and "123" agree
 
 
 def test_pseudonymize_handles_empty_and_all_missing_columns() -> None:
