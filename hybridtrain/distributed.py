@@ -6,7 +6,8 @@ training program and tells each its place through ``RANK``, ``WORLD_SIZE``, ``LO
 process), ``process_group()`` joins the group with NCCL on CUDA and gloo on CPU, and the
 ``Trainer`` uses the rest: every rank takes its contiguous shard of each global batch
 (``shard``), ``DistributedDataParallel`` all-reduces the gradients (``wrap``), the batch loss
-is summed over ranks (``all_sum``), and only rank 0 (``is_main``) writes checkpoints and results.
+is summed over ranks (``all_sum``), a stop request is agreed on by all ranks (``any``), and
+only rank 0 (``is_main``) writes checkpoints and results.
 """
 
 from __future__ import annotations
@@ -84,6 +85,14 @@ class Distributed:
         total = value.detach().reshape(1).to(torch.float64).clone()
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return float(total.item())
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is True on at least one (an all-reduce of the maximum)."""
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        if dist.get_backend() == "nccl":
+            value = value.cuda()
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
 
     def barrier(self) -> None:
         dist.barrier()

@@ -8,7 +8,8 @@ Each class tells the orchestrator how to react:
 - ``SiteUnavailable`` — a site cannot be reached now; try the next allowed site.
 - ``TransientError`` — retry with backoff.
 - ``ChecksumMismatch`` — a stored object's bytes do not match their recorded SHA-256; re-write it.
-- ``Preempted`` — the capacity went away; resume from the newest checkpoint.
+- ``Preempted`` — the capacity went away; resume from the newest checkpoint (same site or another).
+  A training process that stops for it exits with ``EXIT_PREEMPTED`` (75).
 - ``HostKeyRejected`` / ``AuthRefused`` — an SSH host's key is not the pinned one, or it refused
   the site's key; a person must fix the site block; never retried.
 - ``RemoteJobFailed`` — a job on a remote host exited non-zero; carries the status and log tail.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 
 class HybridtrainError(Exception):
@@ -102,11 +104,12 @@ class NoFeasiblePlacement(HybridtrainError):
 
     exit_code = 5
 
-    def __init__(self, job: str, rejected: dict[str, str]):
+    def __init__(self, job: str, rejected: dict[str, str], hint: str = ""):
         self.job = job
         self.rejected = dict(rejected)
+        self.hint = hint
         lines = "\n".join(f"  - {site}: {why}" for site, why in sorted(self.rejected.items()))
-        super().__init__(f"no site may run job {job!r}:\n{lines}")
+        super().__init__(f"no site may run job {job!r}{'; ' + hint if hint else ''}:\n{lines}")
 
 
 class SiteUnavailable(HybridtrainError):
@@ -143,18 +146,35 @@ class ChecksumMismatch(HybridtrainError):
         )
 
 
-class Preempted(HybridtrainError):
-    """Training was stopped by its capacity going away; a checkpoint was written. Resume it."""
+#: Exit status of a training process that stopped for a preemption notice after writing its checkpoint.
+#: 75 is EX_TEMPFAIL of sysexits.h ("temporary failure; the user is invited to retry"): outside the
+#: CLI's own codes (1-9), the shell's 126-128 and the 128+N of a death by signal N.
+EXIT_PREEMPTED = 75
 
+
+class Preempted(HybridtrainError):
+    """Training was stopped by its capacity going away; a checkpoint was written. Resume it.
+
+    ``checkpoint`` is the key of the checkpoint written at ``step`` (None when nothing could be
+    saved, e.g. on a rank that does not write); ``site`` the site it ran at, when known.
+    """
+
+    exit_code = EXIT_PREEMPTED
     retryable = True
 
-    def __init__(self, job: str, step: int, checkpoint: str | None):
+    def __init__(self, job: str, step: int, checkpoint: str | None, *, site: str | None = None):
         self.job = job
         self.step = step
         self.checkpoint = checkpoint
+        self.site = site
+        where = f" at site {site}" if site else ""
         super().__init__(
-            f"job {job!r} was preempted at step {step}; resume from {checkpoint or 'the start'}"
+            f"job {job!r} was preempted{where} at step {step}; resume from {checkpoint or 'the start'}"
         )
+
+    def __reduce__(self) -> tuple:
+        # Rebuilt from its fields, so it survives pickling (result persistence, process pools).
+        return (partial(type(self), site=self.site), (self.job, self.step, self.checkpoint))
 
 
 class StageFailed(HybridtrainError):

@@ -15,6 +15,15 @@ Exit status 0 on success; on a HybridtrainError the message goes to stderr and t
 the error's ``exit_code`` (any other exception: a traceback and status 1). Either way the
 failing rank also writes its message to ``BUNDLE_DIR/error.<rank>.txt``: under torchrun the
 log ends with the launcher's own traceback, and the executor reports this file instead.
+
+Preemption: every rank traps SIGTERM/SIGUSR1 (``PreemptionNotice``) for the whole run. On a
+notice training stops after the step in progress, rank 0 writes the checkpoint and then
+``BUNDLE_DIR/preempted.json`` (``PreemptionReport``: step, checkpoint key, seconds after the
+notice, within ``checkpoint.preemption_grace_s`` or not), the ranks meet at a barrier (none exits
+before the checkpoint is stored) and each exits with ``EXIT_PREEMPTED`` (75) — not an error
+file. torchrun's own status is then 1 (see ``hybridtrain.preemption``); the executor goes by
+``preempted.json``. ``--preemptions-per-hour R`` passes the site's observed rate to the trainer
+for ``checkpoint.auto_interval``.
 """
 
 from __future__ import annotations
@@ -39,9 +48,10 @@ from hybridtrain import partitioned
 from hybridtrain.checkpoint import CheckpointInfo, CheckpointStore
 from hybridtrain.distributed import Distributed
 from hybridtrain.dvc_repo import DvcRepo
-from hybridtrain.errors import HybridtrainError
+from hybridtrain.errors import EXIT_PREEMPTED, HybridtrainError, Preempted
 from hybridtrain.job_bundle import JobBundle
 from hybridtrain.object_store import open_store
+from hybridtrain.preemption import PreemptionNotice
 from hybridtrain.stages import CHECKPOINT_SUBDIR, DVC_SUBDIR
 from hybridtrain.trainer import Trainer, TrainResult, default_device
 
@@ -69,6 +79,7 @@ class HostResult(BaseModel):
     last_checkpoint: CheckpointInfo | None
     best_epoch: int | None
     best_val_metric: float | None
+    checkpoint_seconds: float = 0.0
     n_features: int
     samples_per_second: float
     seconds: float
@@ -113,8 +124,14 @@ def write_result(bundle_dir: Path, result: HostResult, trained: TrainResult) -> 
     return final
 
 
-def run(bundle_dir: Path | str, *, out: Callable[[str], None] | None = None) -> HostResult | None:
-    """Train the bundle's job on this host; rank 0 writes and returns the result (other ranks: None)."""
+def run(bundle_dir: Path | str, *, out: Callable[[str], None] | None = None,
+        notice: PreemptionNotice | None = None, preemptions_per_hour: float | None = None) -> HostResult | None:
+    """Train the bundle's job on this host; rank 0 writes and returns the result (other ranks: None).
+
+    With ``notice`` (entered by the caller) a preemption notice stops training after the step in
+    progress: rank 0 writes the checkpoint and ``preempted.json``, and ``Preempted`` is raised on
+    every rank once all of them got there.
+    """
     bundle_dir = Path(bundle_dir).resolve()
     emit = out or (lambda line: print(line, flush=True))
     bundle = JobBundle.read(bundle_dir)
@@ -136,7 +153,7 @@ def run(bundle_dir: Path | str, *, out: Callable[[str], None] | None = None) -> 
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         threads = spec.model.threads or max(1, spec.resources.cpus // max(1, local_world))
         trainer = Trainer(spec.model, spec.checkpoint, store, spec.data_schema.label, device=device,
-                          threads=threads, job=spec.name, distributed=ddp)
+                          threads=threads, job=spec.name, distributed=ddp, preemptions_per_hour=preemptions_per_hour)
         epochs = spec.model.epochs
 
         def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
@@ -144,7 +161,24 @@ def run(bundle_dir: Path | str, *, out: Callable[[str], None] | None = None) -> 
                              if k in ("train_loss", "val_auc", "val_accuracy", "val_log_loss"))
             say(f"{PREFIX} epoch {epoch + 1}/{epochs} {shown}")
 
-        trained = trainer.fit(train_df, val_df, on_epoch=on_epoch)
+        if notice is not None:
+            notice.grace_s = spec.checkpoint.preemption_grace_s  # recorded in the report
+        try:
+            trained = trainer.fit(train_df, val_df, on_epoch=on_epoch, should_stop=notice)
+        except Preempted as exc:
+            exc.site = bundle.site.name
+            if main:
+                report = (notice.report(exc, checkpoint_uri=f"{objects.url.rstrip('/')}/{exc.checkpoint}"
+                                        if exc.checkpoint else None, site=bundle.site.name)
+                          if notice is not None else None)
+                if report is not None:
+                    report.write(bundle_dir)
+                    say(f"{PREFIX} preempted ({report.reason}) at step {exc.step}; checkpoint {exc.checkpoint} "
+                        f"stored {report.seconds_after_notice or 0:.2f} s after the notice "
+                        f"({'within' if report.within_grace else 'PAST'} the {report.grace_s:g} s grace)")
+            if ddp is not None:
+                ddp.barrier()  # no rank exits before rank 0 has stored the checkpoint and the report
+            raise
         if not main:
             return None
         result = HostResult(
@@ -160,6 +194,7 @@ def run(bundle_dir: Path | str, *, out: Callable[[str], None] | None = None) -> 
             last_checkpoint=trained.last_checkpoint,
             best_epoch=trained.best_epoch,
             best_val_metric=trained.best_val_metric,
+            checkpoint_seconds=trained.checkpoint_seconds,
             n_features=trained.featurizer.n_features,
             samples_per_second=trained.samples_per_second,
             seconds=trained.seconds,
@@ -180,12 +215,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hybridtrain.host_training",
                                      description="Run a hybridtrain job bundle on this host.")
     parser.add_argument("bundle_dir", help="directory holding bundle.json (and secrets.json)")
+    parser.add_argument("--preemptions-per-hour", type=float, default=None,
+                        help="the site's observed preemption rate (for checkpoint.auto_interval)")
     args = parser.parse_args(argv)
     # Rank 0 speaks for the job; the other ranks report only problems, so lines are not repeated.
     level = logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING
     logging.basicConfig(stream=sys.stdout, level=level, format=f"{PREFIX} %(levelname)s %(name)s: %(message)s")
     try:
-        run(args.bundle_dir)
+        # Trapped for the whole run: a notice during the data fetch stops training after its first step.
+        with PreemptionNotice() as notice:
+            run(args.bundle_dir, notice=notice, preemptions_per_hour=args.preemptions_per_hour)
+    except Preempted as exc:
+        print(f"{PREFIX} {exc}; exiting with status {EXIT_PREEMPTED}", file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED
     except HybridtrainError as exc:
         print(f"{PREFIX} error: {exc}", file=sys.stderr, flush=True)
         _record_error(Path(args.bundle_dir), str(exc))

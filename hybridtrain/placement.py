@@ -13,14 +13,16 @@ Decisions are cheap because the work is split by how often its inputs change:
   team, data site, pin — first use only): the policy's site verdicts, and the allowed candidates
   sorted by their price per reference GPU-hour;
 - per snapshot of live state (``observe``): queue waits per GPU count, spot outlooks;
-- per decision: the strategy asks for what it needs — e.g. "the cheapest on-prem candidate
-  that meets the deadline" — and candidates are priced on demand, scanning in price order and
-  stopping as soon as no unpriced candidate can be cheaper. The full candidates table is priced
-  only when the explanation is read.
+- per decision: sites reported unavailable (``unavailable``: site health) lose their candidates,
+  each rejected by rule ``site health`` with the reason; the strategy asks for what it needs —
+  e.g. "the cheapest on-prem candidate that meets the deadline" — and candidates are priced on
+  demand, scanning in price order and stopping as soon as no unpriced candidate can be cheaper.
+  The full candidates table is priced only when the explanation is read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +40,8 @@ from hybridtrain.strategy import Strategy
 
 #: Seconds of tolerance when comparing a finish time with the deadline (float rounding).
 EPS_S = 1e-6
+#: The rule named when a candidate is rejected because its site is unhealthy (``decide(unavailable=...)``).
+HEALTH_RULE = "site health"
 
 
 class Cand(NamedTuple):
@@ -414,16 +418,28 @@ class Placement:
         conditions: Conditions | None = None,
         strategy: str | Strategy | None = None,
         team_spend: Mapping[str, float] | None = None,
+        unavailable: Mapping[str, str] | None = None,
     ) -> PlacementDecision:
         """Where ``request`` should run at ``now``; raises ``NoFeasiblePlacement`` if nowhere may.
 
         Live state comes as ``queues`` and ``spot`` mappings (site → state), or as ``conditions``
         from ``observe`` when many decisions share one snapshot. ``strategy`` overrides the one
         the spec, job class or policy names. ``team_spend`` is each team's spend this period.
+        ``unavailable`` maps sites that must not be used now (failed health checks, a site the
+        job was just preempted or lost at) to the reason: their candidates are rejected by rule
+        ``site health`` with that reason, and appear so in the candidates table.
         """
         plan = self._plans.get(request.policy_key)
         if plan is None:
             plan = self.plan_for(request)
+        if unavailable:
+            healthy = _without_sites(plan, unavailable)
+            if not healthy.cands and plan.cands:
+                raise NoFeasiblePlacement(
+                    request.job, healthy.rejected,
+                    hint=f"every site the policy allows is unavailable now ({HEALTH_RULE}); the job can run once "
+                         "one of them is healthy again")
+            plan = healthy
         if not plan.cands:
             raise NoFeasiblePlacement(request.job, plan.rejected)
         if conditions is None:
@@ -488,6 +504,34 @@ class Placement:
         )
 
 
+def _without_sites(plan: KeyPlan, unavailable: Mapping[str, str]) -> KeyPlan:
+    """``plan`` with the candidates at ``unavailable`` sites rejected by ``HEALTH_RULE``.
+
+    A copy: the cached plan stays as the policy compiled it.
+    """
+    if not any(c.site in unavailable for c in plan.cands):
+        return plan
+    keep = [p for p, c in enumerate(plan.cands) if c.site not in unavailable]
+    moved = {old: new for new, old in enumerate(keep)}
+    verdicts = list(plan.verdicts)
+    rejected = dict(plan.rejected)
+    for p, c in enumerate(plan.cands):
+        if c.site in unavailable:
+            reason = unavailable[c.site]
+            verdicts[plan.allowed[p]] = Verdict(c.site, c.klass, False, HEALTH_RULE, reason)
+            rejected[f"{c.site} ({c.klass.value})"] = f"{HEALTH_RULE}: {reason}"
+
+    def remap(positions: list[int]) -> list[int]:
+        return [moved[p] for p in positions if p in moved]
+
+    # must_stay and the queue tier are the policy's verdict on the job, not on today's health.
+    return dataclasses.replace(
+        plan, verdicts=verdicts, allowed=[plan.allowed[p] for p in keep], cands=[plan.cands[p] for p in keep],
+        by_price=remap(plan.by_price), onprem=remap(plan.onprem), spot=remap(plan.spot), burst=remap(plan.burst),
+        rejected=rejected,
+    )
+
+
 def decide(
     request: ResourceRequest,
     sites: SitesCatalog | Sequence[Site],
@@ -499,8 +543,10 @@ def decide(
     cost_model: CostModel | None = None,
     spot: Mapping[str, SpotOutlook] | None = None,
     team_spend: Mapping[str, float] | None = None,
+    unavailable: Mapping[str, str] | None = None,
 ) -> PlacementDecision:
     """One-off decision (compiles the engine each call; keep a ``Placement`` for many decisions)."""
     return Placement(sites, policy, cost_model).decide(
-        request, now=now, queues=queues, spot=spot, strategy=strategy, team_spend=team_spend
+        request, now=now, queues=queues, spot=spot, strategy=strategy, team_spend=team_spend,
+        unavailable=unavailable,
     )

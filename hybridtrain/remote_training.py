@@ -18,12 +18,19 @@
    returned as TrainResultFiles, for the caller to log the model to MLflow. Non-zero:
    RemoteJobFailed with the status, the job's own error message and the last lines of the log.
    Either way the bundle's secrets file is deleted from the host once the job has ended.
+5. The host is told to give the GPUs back (spot notice, pool shutdown: SIGTERM to the job):
+   torchrun passes the signal on, the workers finish their step, rank 0 writes a checkpoint and
+   ``preempted.json``, the workers exit 75 and torchrun 1. The executor finds the report and
+   raises ``Preempted(job, step, checkpoint, site=...)`` — a preemption, not a failure; calling
+   ``ssh_train`` again (same job id: the ended attempt is moved aside) resumes from that
+   checkpoint, and so does a run on another site after ``CheckpointStore.copy_latest``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import shlex
 import tempfile
 from collections.abc import Callable
@@ -35,12 +42,13 @@ import torch
 from pydantic import SecretStr
 
 from hybridtrain.dvc_repo import DatasetVersion
-from hybridtrain.errors import RemoteJobFailed, TransientError
+from hybridtrain.errors import Preempted, RemoteJobFailed, TransientError
 from hybridtrain.featurizer import Featurizer
 from hybridtrain.host_training import ERROR_FILES, FEATURIZER_FILE, MODEL_FILE, RESULT_DIR, RESULT_FILE, HostResult
 from hybridtrain.job_bundle import SECRETS_FILE, JobBundle
 from hybridtrain.lineage import code_version
 from hybridtrain.model import TabularMLP
+from hybridtrain.preemption import REPORT_FILE, PreemptionReport
 from hybridtrain.sites import LocalStore, Site, SshHost
 from hybridtrain.spec import JobSpec
 from hybridtrain.ssh_site import SshSite, Timeouts
@@ -51,6 +59,8 @@ log = logging.getLogger(__name__)
 
 # Time for connecting, fetching data and starting torchrun, on top of the spec's max_hours.
 SETUP_ALLOWANCE_S = 900.0
+# How much longer than the preemption grace torchrun waits for its workers before SIGKILL.
+SHUTDOWN_MARGIN_S = 5
 
 
 @dataclass(frozen=True)
@@ -89,14 +99,17 @@ class TrainResultFiles:
             global_step=r.global_step, epochs_completed=r.epochs_completed, resumed_from_step=r.resumed_from_step,
             checkpoints_written=r.checkpoints_written, last_checkpoint=r.last_checkpoint, seconds=r.seconds,
             samples_per_second=r.samples_per_second, best_epoch=r.best_epoch, best_val_metric=r.best_val_metric,
+            checkpoint_seconds=r.checkpoint_seconds,
         )
 
 
-def torchrun_argv(host: SshHost, bundle_dir: str, nproc_per_node: int | None = None) -> list[str]:
+def torchrun_argv(host: SshHost, bundle_dir: str, nproc_per_node: int | None = None, *,
+                  preemptions_per_hour: float | None = None) -> list[str]:
     """The command that trains a bundle on ``host``: one process per GPU (one on a CPU-only host)."""
     n = nproc_per_node if nproc_per_node is not None else max(1, host.gpus)
+    rate = [] if preemptions_per_hour is None else ["--preemptions-per-hour", repr(float(preemptions_per_hour))]
     return [host.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-            "-m", "hybridtrain.host_training", bundle_dir]
+            "-m", "hybridtrain.host_training", bundle_dir, *rate]
 
 
 def portable_site(ws: Workspace, site: Site) -> Site:
@@ -123,6 +136,7 @@ def ssh_train(
     poll_interval: float = 1.0,
     timeout: float | None = None,
     timeouts: Timeouts = Timeouts(),
+    preemptions_per_hour: float | None = None,
 ) -> TrainResultFiles:
     """Train ``spec`` on ``host`` of ``site`` as job ``job_id`` and bring the result files back.
 
@@ -130,7 +144,10 @@ def ssh_train(
     bounds the wait for the job (default ``resources.max_hours`` plus a setup allowance); past
     it the job is cancelled and RemoteJobFailed raised. Raises SiteUnavailable when the host
     cannot be reached, HostKeyRejected / AuthRefused for a wrong block, RemoteJobFailed when the
-    job fails. Result files land in ``<workspace>/.hybridtrain/jobs/<job_id>/result``.
+    job fails, and Preempted (step, checkpoint key, site) when it stopped for a preemption notice
+    after writing its checkpoint. ``preemptions_per_hour`` (the site's observed rate) goes to the
+    trainer for ``checkpoint.auto_interval``. Result files land in
+    ``<workspace>/.hybridtrain/jobs/<job_id>/result``.
     """
     emit = on_line or (lambda line: log.info("[%s] %s", job_id, line))
     limit = timeout if timeout is not None else spec.resources.max_hours * 3600 + SETUP_ALLOWANCE_S
@@ -160,14 +177,26 @@ def ssh_train(
             with tempfile.TemporaryDirectory(prefix=f"hybridtrain-{job_id}-") as staging:
                 remote_bundle = remote.upload_dir(bundle.write(Path(staging) / "bundle"),
                                                   f"{remote.job_dir(job_id)}/bundle")
+            # torchrun passes a SIGTERM (here also a SIGUSR1) on to its workers and SIGKILLs them
+            # after TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds: give them the spec's grace to store
+            # their checkpoint. (Launchers without these settings ignore the variables.)
+            shutdown_s = math.ceil(spec.checkpoint.preemption_grace_s) + SHUTDOWN_MARGIN_S
             job = remote.launch(
-                job_id, torchrun_argv(host, remote_bundle, nproc_per_node), workdir=remote.job_dir(job_id),
-                env={"PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1"},
+                job_id, torchrun_argv(host, remote_bundle, nproc_per_node, preemptions_per_hour=preemptions_per_hour),
+                workdir=remote.job_dir(job_id),
+                env={"PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1",
+                     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(shutdown_s),
+                     "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"},
             )
         try:
             remote.stream(job, emit, poll_interval=poll_interval, timeout=limit)
         except RemoteJobFailed as exc:
             _forget_secrets(remote, job.dir)
+            preempted = _preemption_report(remote, job.dir)
+            if preempted is not None:
+                emit(f"hybridtrain: job {job_id} on {remote.label} was preempted at step {preempted.step} "
+                     f"(exit status {exc.exit_status}); checkpoint {preempted.checkpoint}")
+                raise preempted.error(site=site.name) from None
             # Under torchrun the log ends with the launcher's traceback; the job's own message is in a file.
             _, reported = remote.run(f"cat {shlex.quote(job.dir)}/bundle/{ERROR_FILES} 2>/dev/null; true")
             if not reported.strip():
@@ -187,6 +216,15 @@ def ssh_train(
             remote.download(f"{remote_result}/{name}", result_dir / name)
         result = HostResult.model_validate_json((result_dir / RESULT_FILE).read_text())
         return TrainResultFiles(job_id=job_id, host=remote.label, directory=result_dir, result=result)
+
+
+def _preemption_report(remote: SshSite, job_dir: str) -> PreemptionReport | None:
+    """The job's ``preempted.json`` (written by rank 0 once its checkpoint was stored), or None."""
+    try:
+        with remote.sftp().open(f"{job_dir}/bundle/{REPORT_FILE}", "r") as fh:
+            return PreemptionReport.model_validate_json(fh.read())
+    except FileNotFoundError:
+        return None
 
 
 def _forget_secrets(remote: SshSite, job_dir: str) -> None:

@@ -87,6 +87,10 @@ class SshHost(Strict):
     gpus: int = Field(0, ge=0)
     workdir: str = Field("~/hybridtrain", description="Where job bundles are unpacked on the host.")
     python: str = Field("python3", description="Interpreter on the host with hybridtrain installed.")
+    connect_timeout_s: float = Field(10.0, gt=0, description="TCP connect, banner, auth, opening a channel.")
+    command_timeout_s: float = Field(60.0, gt=0, description="One short command or SFTP operation.")
+    reconnect_s: float = Field(
+        60.0, gt=0, description="How long a dropped link to a running job is retried before the site counts as lost.")
 
 
 class Site(Strict):

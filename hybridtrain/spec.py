@@ -215,6 +215,36 @@ class CheckpointSpec(Strict):
     interval_steps: int | None = Field(200, ge=1)
     interval_minutes: float | None = Field(None, gt=0)
     keep_last: int = Field(3, ge=1)
+    auto_interval: bool = Field(
+        False,
+        description="Derive the time between checkpoints from the site's observed preemption rate and the "
+        "measured checkpoint write time (Young/Daly: sqrt(2 x write seconds x mean time between preemptions), "
+        "clamped to 1-60 minutes; hybridtrain.checkpoint_interval). Replaces interval_minutes; interval_steps "
+        "still applies when set.",
+    )
+    preemption_grace_s: float = Field(
+        30.0, gt=0, le=3600,
+        description="Seconds between a preemption notice (SIGTERM/SIGUSR1) and the platform killing the process. "
+        "Training stops after the step in progress and writes a checkpoint; a single step longer than this "
+        "still runs to its end. Also how long torchrun waits for its workers before SIGKILL.",
+    )
+
+
+class RecoverySpec(Strict):
+    """How a training run recovers (``hybridtrain.recovery``): preemptions, real failures, lost sites."""
+
+    max_preemptions: int = Field(
+        20, ge=0, description="Preemptions survived per run (each resumes from the newest checkpoint); one more fails it.")
+    max_failures: int = Field(
+        2, ge=0, description="Retries after real failures (crash, lost process, non-zero exit) per run; counted "
+        "apart from preemptions. User mistakes (spec, data) are never retried.")
+    wait_for_site_s: float = Field(
+        3600.0, ge=0, description="How long a run whose every allowed site is unhealthy waits for one to be healthy "
+        "again before it fails (it never goes to a site the policy forbids).")
+    health_poll_s: float = Field(30.0, gt=0, description="Seconds between health checks while waiting for a site.")
+    heartbeat_timeout_s: float = Field(
+        300.0, gt=0, description="The recovery flow treats a running training whose pool has had no live worker "
+        "for this long as lost, and resubmits it.")
 
 
 class EvaluationSpec(Strict):
@@ -283,6 +313,9 @@ class PromotionSpec(Strict):
     release_targets: list[ReleaseTargetSpec] = Field(
         default_factory=list, description="Where the signed bundle is published when the version becomes champion."
     )
+    approval_timeout_s: float = Field(
+        86400, gt=0, description="How long a promotion waits for approval before the flow run fails (seconds)."
+    )
 
 
 class Metadata(Strict):
@@ -311,6 +344,7 @@ class JobSpec(Strict):
     )
     budget_usd: float | None = Field(None, gt=0)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    recovery: RecoverySpec = Field(default_factory=RecoverySpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     registry: RegistrySpec
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
@@ -460,6 +494,10 @@ def check_semantics(spec: JobSpec, sites: SitesCatalog | None = None) -> list[Pr
             p.append(Problem(path, f"unknown metric; use one of {', '.join(METRICS)}"))
         elif metric != "log_loss" and not 0 <= value <= 1:
             p.append(Problem(path, "must be between 0 and 1"))
+
+    if spec.checkpoint.auto_interval and spec.checkpoint.interval_minutes is not None:
+        p.append(Problem("checkpoint.interval_minutes", "auto_interval derives the time interval; remove "
+                                                        "interval_minutes or set auto_interval: false"))
 
     if spec.resources.gpu_type is not None and spec.resources.gpus == 0:
         p.append(Problem("resources.gpu_type", "set resources.gpus >= 1 when asking for a GPU type"))

@@ -5,9 +5,10 @@ An example event sequence (``checkpoint: {interval_steps: 100, keep_last: 3}``):
 1. ``fit`` finds no checkpoint under the run's prefix, fits the featurizer on ``train``, seeds
    torch / numpy / ``random`` from ``model.seed`` and trains. Checkpoints land at steps 100,
    200, 300; each epoch ends with validation metrics passed to ``on_epoch``.
-2. The spot instance gets its termination notice; the orchestrator's handler makes
-   ``should_stop()`` return True. After step 342 the trainer writes a checkpoint at once and
-   raises ``Preempted(job, 342, key)``.
+2. The spot instance gets its termination notice: SIGTERM, which the process's
+   ``PreemptionNotice`` (``hybridtrain.preemption``, passed as ``should_stop``) records. After
+   step 342 the trainer writes a checkpoint at once and raises ``Preempted(job, 342, key)``;
+   the process exits with ``EXIT_PREEMPTED`` (75).
 3. A new ``Trainer`` on another site, over the same ``CheckpointStore``, calls ``fit``:
    ``latest_valid()`` returns step 342 (a corrupt newer one would be skipped with a
    warning). Model, optimizer, RNG states, the featurizer, the position inside the epoch
@@ -26,8 +27,13 @@ the whole global batch — so the model follows single-process training up to fl
 summation order, not bit for bit. Only rank 0 writes checkpoints and calls ``on_epoch``; every
 rank resumes from the same checkpoint, RNG states included (rank 0's), which reproduces an
 uninterrupted run of the same world size exactly on CPU when dropout is 0 or the shards
-are of equal size (dropout draws depend on the shard's size). ``should_stop`` must give the
-same answer on every rank, or the ranks that go on wait for the others in the next all-reduce.
+are of equal size (dropout draws depend on the shard's size). ``should_stop`` is asked on every
+rank and the answers are combined (all-reduce of the maximum), so when a signal reaches the
+ranks a step apart they still stop together, after the same step.
+
+Checkpoint timing: ``interval_steps`` and ``interval_minutes`` as given, or with
+``auto_interval`` a time interval derived from ``preemptions_per_hour`` and the measured write
+time (``hybridtrain.checkpoint_interval``); timing checkpoints never changes the training itself.
 
 The trainer seeds the process-wide torch, numpy and ``random`` generators (module weight
 initialization and dropout draw from torch's global generator) and sets torch's CPU thread
@@ -52,6 +58,7 @@ import torch
 from torch import nn
 
 from hybridtrain.checkpoint import CheckpointInfo, CheckpointStore
+from hybridtrain.checkpoint_interval import optimal_interval_s
 from hybridtrain.distributed import Distributed
 from hybridtrain.errors import DataError, Preempted, Problem, SpecError
 from hybridtrain.evaluation import binary_metrics, model_probabilities
@@ -84,6 +91,10 @@ class TrainResult:
     samples_per_second: float
     best_epoch: int | None = None
     best_val_metric: float | None = None
+    #: Seconds this call spent writing checkpoints (``checkpoints_written`` of them).
+    checkpoint_seconds: float = 0.0
+    #: The time interval between checkpoints in force at the end (None: steps only).
+    checkpoint_interval_s: float | None = None
 
 
 @dataclass
@@ -144,28 +155,34 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
 
 
 def _capture_rng(device: torch.device) -> dict[str, Any]:
-    # numpy's and random's states are converted to lists of ints so the checkpoint stays
-    # loadable with torch.load(weights_only=True).
+    # numpy's and random's 624-word states become int64 tensors: loadable with
+    # torch.load(weights_only=True), and one object to pickle each instead of 625 ints.
     name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     version, internal, gauss_next = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": {"name": name, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
-                  "cached_gaussian": float(cached)},
-        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64),
+                   "gauss_next": gauss_next},
     }
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
+def _ints(words: torch.Tensor | list[int]) -> list[int]:
+    # Checkpoints written before the states were tensors hold lists of ints.
+    return words.tolist() if isinstance(words, torch.Tensor) else list(words)
+
+
 def _restore_rng(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
-    np.random.set_state((n["name"], np.asarray(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"],
+    np.random.set_state((n["name"], np.asarray(_ints(n["keys"]), dtype=np.uint32), n["pos"], n["has_gauss"],
                          n["cached_gaussian"]))
     p = state["python"]
-    random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
+    random.setstate((p["version"], tuple(_ints(p["internal"])), p["gauss_next"]))
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -185,7 +202,8 @@ class Trainer:
     names the job in ``Preempted``. ``best_metric`` is the validation metric tracked as
     "best" (the returned model is always the last one, not the best). ``distributed``: this
     process's rank of a torchrun job (with its process group joined); ``None`` or a world of one
-    trains alone.
+    trains alone. ``preemptions_per_hour``: the site's observed preemption rate, used when the
+    checkpoint spec asks for ``auto_interval`` (None or 0: none expected, the longest interval).
     """
 
     def __init__(
@@ -200,6 +218,7 @@ class Trainer:
         job: str = "job",
         best_metric: str = "auc",
         distributed: Distributed | None = None,
+        preemptions_per_hour: float | None = None,
     ):
         if best_metric not in HIGHER_IS_BETTER:
             raise ValueError(f"unknown best_metric {best_metric!r}; use one of {', '.join(HIGHER_IS_BETTER)}")
@@ -214,6 +233,9 @@ class Trainer:
         self.job = job
         self.best_metric = best_metric
         self.distributed = distributed if distributed is not None and distributed.world_size > 1 else None
+        if preemptions_per_hour is not None and preemptions_per_hour < 0:
+            raise ValueError(f"preemptions_per_hour must be >= 0, got {preemptions_per_hour}")
+        self.preemptions_per_hour = preemptions_per_hour
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -267,7 +289,9 @@ class Trainer:
         values; an epoch whose end was not checkpointed before an interruption is validated
         (and reported) again after the resume. ``should_stop()`` is asked after every
         optimizer step; when it says True a checkpoint is written and ``Preempted`` raised.
-        ``clock`` (seconds) drives ``interval_minutes`` and the timings in the result.
+        ``clock`` (seconds) drives ``interval_minutes`` (or the derived interval of
+        ``auto_interval``) and the timings in the result; checkpoint writes are timed with
+        ``time.perf_counter``.
 
         Raises ``DataError`` for an empty frame or a missing, non-binary or single-class label
         or a missing feature column, and ``SpecError`` when the checkpoint found was trained
@@ -337,13 +361,19 @@ class Trainer:
         last_info = resumed_info
         saved_position = progress.position() if state is not None else None
         written = 0
+        write_seconds = 0.0
         last_save_time = started
+        rate = self.preemptions_per_hour or 0.0
+        # Until a write has been timed, the derived interval is its lower bound (write time 0).
+        interval_s = (optimal_interval_s(0.0, rate) if cp.auto_interval
+                      else cp.interval_minutes * 60 if cp.interval_minutes is not None else None)
 
         def save() -> CheckpointInfo | None:
-            nonlocal last_info, saved_position, written
+            nonlocal last_info, saved_position, written, write_seconds, interval_s
             if not writes:
                 saved_position = progress.position()
                 return None
+            began = time.perf_counter()  # the whole cost: gathering the state, then storing it
             ckpt = {
                 "format": STATE_FORMAT,
                 "job": self.job,
@@ -357,8 +387,11 @@ class Trainer:
                 "train_sha256": fingerprint,
             }
             last_info = self.store.save(ckpt, progress.global_step, keep_last=cp.keep_last)
+            write_seconds += time.perf_counter() - began
             saved_position = progress.position()
             written += 1
+            if cp.auto_interval:
+                interval_s = optimal_interval_s(write_seconds / written, rate)
             return last_info
 
         n = len(x_train)
@@ -400,14 +433,14 @@ class Trainer:
 
                 due = cp.interval_steps is not None and progress.global_step % cp.interval_steps == 0
                 now = None
-                if cp.interval_minutes is not None:
+                if interval_s is not None:
                     now = clock()
-                    due = due or now - last_save_time >= cp.interval_minutes * 60
+                    due = due or now - last_save_time >= interval_s
                 if due:
                     save()
                     # Any checkpoint restarts the time interval, whichever rule wrote it.
                     last_save_time = now if now is not None else last_save_time
-                if should_stop is not None and should_stop():
+                if should_stop is not None and (ddp.any(should_stop()) if ddp is not None else should_stop()):
                     info = last_info if saved_position == progress.position() else save()
                     key = info.key if info is not None else None
                     log.warning("job %s stopping at step %d on request; checkpoint %s",
@@ -448,4 +481,6 @@ class Trainer:
             samples_per_second=samples / seconds if seconds > 0 else 0.0,
             best_epoch=progress.best_epoch,
             best_val_metric=progress.best_value,
+            checkpoint_seconds=write_seconds,
+            checkpoint_interval_s=interval_s,
         )

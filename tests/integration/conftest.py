@@ -78,6 +78,80 @@ def _wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float)
     raise RuntimeError(f"sshd did not listen on port {port} within {timeout:g} s: {log.read_text()}")
 
 
+def start_sshd(d: Path, port: int | None = None) -> tuple[subprocess.Popen, SshServer]:
+    """Start OpenSSH with the keys in ``d`` (made on first use) on ``port`` (default: a free one).
+
+    Starting again with the same ``d`` and port brings "the same host" back: same host key,
+    same authorized key, same working directory. Stop it with ``stop_sshd``.
+    """
+    if not Path(SSHD).exists():
+        raise RuntimeError("sshd is missing: install Debian's openssh-server (`.ci/run` does)")
+    d.mkdir(parents=True, exist_ok=True)
+    for name in ("host_key", "other_host_key", "user_key", "other_user_key"):
+        if not (d / name).exists():
+            _keygen(d / name)
+    (d / "authorized_keys").write_text((d / "user_key.pub").read_text())
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
+    log = d / "sshd.log"
+    proc = None
+    for _ in range(3):  # the free port may be taken between choosing and binding it
+        chosen = port or _free_port()
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", "/dev/null", f"-oHostKey={d / 'host_key'}", f"-oPidFile={d / 'sshd.pid'}",
+                 f"-oPort={chosen}", "-oListenAddress=127.0.0.1", f"-oAuthorizedKeysFile={d / 'authorized_keys'}",
+                 "-oPasswordAuthentication=no", "-oKbdInteractiveAuthentication=no", "-oUsePAM=no",
+                 "-oStrictModes=no", "-oPermitRootLogin=prohibit-password", "-oSubsystem=sftp internal-sftp"],
+                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        try:
+            _wait_for_port(chosen, proc, log, SSHD_START_TIMEOUT_S)
+            break
+        except RuntimeError:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+            if "Address already in use" not in log.read_text() or port is not None:
+                raise
+    assert proc is not None and proc.poll() is None, log.read_text()
+
+    def key_line(pub: Path) -> str:
+        kind, b64 = pub.read_text().split()[:2]
+        return f"[127.0.0.1]:{chosen} {kind} {b64}"
+
+    workdir = d / "work"
+    workdir.mkdir(exist_ok=True)
+    import pwd
+
+    host = SshHost(hostname="127.0.0.1", port=chosen, username=pwd.getpwuid(os.getuid()).pw_name, gpus=0,
+                   workdir=str(workdir), python=sys.executable)
+    return proc, SshServer(
+        host=host,
+        private_key=(d / "user_key").read_text(),
+        known_hosts=key_line(d / "host_key.pub") + "\n",
+        other_private_key=(d / "other_user_key").read_text(),
+        other_host_key_line=key_line(d / "other_host_key.pub") + "\n",
+        pid=proc.pid,
+    )
+
+
+def stop_sshd(proc: subprocess.Popen) -> None:
+    """Stop a server from ``start_sshd``: the listener first, then every connection it was serving."""
+    children = [int(p) for p in _children(proc.pid)]
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+    for pid in children:  # per-connection processes outlive the listener; a stopped host has none
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+
+
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory) -> Iterator[SshServer]:
     """OpenSSH (Debian openssh-server) on an unprivileged loopback port, key auth only.
@@ -85,56 +159,9 @@ def sshd(tmp_path_factory) -> Iterator[SshServer]:
     The login user is whoever runs the tests; its jobs use this interpreter (hybridtrain is
     importable) and a temporary working directory.
     """
-    if not Path(SSHD).exists():
-        raise RuntimeError("sshd is missing: install Debian's openssh-server (`.ci/run` does)")
-    d = tmp_path_factory.mktemp("sshd")
-    for name in ("host_key", "other_host_key", "user_key", "other_user_key"):
-        _keygen(d / name)
-    (d / "authorized_keys").write_text((d / "user_key.pub").read_text())
-    if os.geteuid() == 0:
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
-    log = d / "sshd.log"
-    proc = None
-    for _ in range(3):  # the free port may be taken between choosing and binding it
-        port = _free_port()
-        with open(log, "wb") as fh:
-            proc = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", "/dev/null", f"-oHostKey={d / 'host_key'}", f"-oPidFile={d / 'sshd.pid'}",
-                 f"-oPort={port}", "-oListenAddress=127.0.0.1", f"-oAuthorizedKeysFile={d / 'authorized_keys'}",
-                 "-oPasswordAuthentication=no", "-oKbdInteractiveAuthentication=no", "-oUsePAM=no",
-                 "-oStrictModes=no", "-oPermitRootLogin=prohibit-password", "-oSubsystem=sftp internal-sftp"],
-                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )
-        try:
-            _wait_for_port(port, proc, log, SSHD_START_TIMEOUT_S)
-            break
-        except RuntimeError:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-            if "Address already in use" not in log.read_text():
-                raise
-    assert proc is not None and proc.poll() is None, log.read_text()
-
-    def key_line(pub: Path) -> str:
-        kind, b64 = pub.read_text().split()[:2]
-        return f"[127.0.0.1]:{port} {kind} {b64}"
-
-    workdir = d / "work"
-    workdir.mkdir()
-    import pwd
-
-    host = SshHost(hostname="127.0.0.1", port=port, username=pwd.getpwuid(os.getuid()).pw_name, gpus=0,
-                   workdir=str(workdir), python=sys.executable)
+    proc, server = start_sshd(tmp_path_factory.mktemp("sshd"))
     try:
-        yield SshServer(
-            host=host,
-            private_key=(d / "user_key").read_text(),
-            known_hosts=key_line(d / "host_key.pub") + "\n",
-            other_private_key=(d / "other_user_key").read_text(),
-            other_host_key_line=key_line(d / "other_host_key.pub") + "\n",
-            pid=proc.pid,
-        )
+        yield server
     finally:
         proc.terminate()
         try:

@@ -5,7 +5,8 @@ Trains three ways on the synthetic frames of ``test_trainer`` and writes, per ra
 
 - ``full``: an uninterrupted 3-epoch run (dropout 0.1; every shard of every batch has equal size);
 - ``resumed``: the same run stopped after step 21 (mid-epoch) and resumed from its checkpoint;
-- ``nodrop``: a run without dropout, to compare with single-process training.
+- ``nodrop``: a run without dropout, to compare with single-process training;
+- ``disagree``: a run where only rank 1's ``should_stop`` says stop (the ranks must still agree).
 """
 
 from __future__ import annotations
@@ -58,6 +59,14 @@ def main(out: Path) -> None:
 
         nodrop = trainer("nodrop", NODROP).fit(TRAIN, VAL)
         report["nodrop"] = {"history": nodrop.history}
+
+        # Only rank 1 gets the notice (a signal reaches the ranks at different moments): both stop together.
+        steps = itertools.count(1)
+        try:
+            trainer("disagree").fit(TRAIN, VAL, should_stop=lambda: ddp.rank == 1 and next(steps) >= STOP_AT)
+            raise AssertionError("should have stopped")
+        except Preempted as exc:
+            report["disagree"] = {"step": exc.step, "checkpoint": exc.checkpoint}
         weights = {"full": full.model.state_dict(), "resumed": resumed.model.state_dict(),
                    "nodrop": nodrop.model.state_dict()}
     (out / f"rank{ddp.rank}.json").write_text(json.dumps(report))

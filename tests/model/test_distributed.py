@@ -82,6 +82,14 @@ def test_ddp_follows_single_process_training_up_to_rounding(ddp_run, tmp_path):
         assert ddp_epoch["val_auc"] == pytest.approx(one_epoch["val_auc"], abs=1e-4)
 
 
+def test_a_stop_seen_by_one_rank_stops_every_rank_after_the_same_step(ddp_run):
+    out, (r0, r1), _ = ddp_run
+    assert r0["disagree"]["step"] == r1["disagree"]["step"] == STOP_AT
+    assert r1["disagree"]["checkpoint"] is None  # only rank 0 writes
+    newest = CheckpointStore.for_run(LocalObjectStore(out / "store-disagree"), "churn", "run").list()[-1]
+    assert (newest.step, newest.key) == (STOP_AT, r0["disagree"]["checkpoint"])
+
+
 def test_a_world_of_one_is_plain_single_process_training(tmp_path):
     a = Trainer(NODROP, CheckpointSpec(interval_steps=None), CheckpointStore(LocalObjectStore(tmp_path), "a"),
                 LABEL, device="cpu", threads=1, distributed=Distributed(rank=0, world_size=1)).fit(TRAIN, VAL)

@@ -28,7 +28,9 @@ def problems(promotion: dict) -> dict[str, str]:
 
 
 def test_defaults_evaluate_every_gate_and_release_nowhere():
-    spec = parse_spec(yaml.safe_load((ROOT / "jobs" / "churn.yaml").read_text()), sites=SITES)
+    data = yaml.safe_load((ROOT / "jobs" / "churn.yaml").read_text())
+    data.pop("promotion", None)  # the demo spec sets its own; these are the defaults
+    spec = parse_spec(data, sites=SITES)
     assert spec.promotion.gates is None and spec.promotion.max_cost_usd is None
     assert spec.promotion.require_approval is False and spec.promotion.release_targets == []
 
@@ -86,6 +88,6 @@ def test_field_level_mistakes_are_refused_by_the_model():
 def test_the_schema_documents_the_promotion_section():
     schema = json_schema()
     promotion = schema["$defs"]["PromotionSpec"]["properties"]
-    assert {"gates", "max_cost_usd", "require_approval", "release_targets"} == set(promotion)
+    assert {"gates", "max_cost_usd", "require_approval", "approval_timeout_s", "release_targets"} == set(promotion)
     assert "ledger total" in promotion["max_cost_usd"]["description"]
     assert schema["$defs"]["PromotionSpec"]["additionalProperties"] is False
