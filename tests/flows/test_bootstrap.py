@@ -16,7 +16,7 @@ def boot(prefect_server, tmp_path_factory):
     from deployments.bootstrap import bootstrap
 
     root = make_workspace(tmp_path_factory.mktemp("boot") / "ws")
-    for pkg in ("flows", "tasks", "blocks"):
+    for pkg in ("flows", "tasks", "blocks", "workers"):
         # prefect deploy loads the entrypoint from the workspace, as a worker would.
         (root / pkg).symlink_to(ROOT / pkg, target_is_directory=True)
     ws = Workspace.resolve(root)

@@ -25,7 +25,7 @@ def env(prefect_server, pseudonym_key, tmp_path_factory):
     from hybridtrain.spec import load_spec
 
     root = build_workspace(tmp_path_factory.mktemp("burst") / "ws")
-    for pkg in ("flows", "tasks", "blocks"):
+    for pkg in ("flows", "tasks", "blocks", "workers"):
         (root / pkg).symlink_to(ROOT / pkg, target_is_directory=True)
     ws = Workspace.resolve(root)
     bootstrap(ws)

@@ -70,7 +70,7 @@ def pools(prefect_server, pseudonym_key, sshd, s3_server, tmp_path_factory):
                  region_name="us-east-1").create_bucket(Bucket=BUCKET)
     base = tmp_path_factory.mktemp("pools")
     root = build_workspace(base / "ws", rows=3000)
-    for pkg in ("flows", "tasks", "blocks"):
+    for pkg in ("flows", "tasks", "blocks", "workers"):
         (root / pkg).symlink_to(ROOT / pkg, target_is_directory=True)
     write_sites(root, sshd, s3_server.url)
     ws = Workspace.resolve(root)
