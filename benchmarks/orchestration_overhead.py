@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,20 +50,23 @@ def plain_lifecycle(ws, spec, key: bytes, run_key: str) -> None:
     run_id = stages.open_run(ws, spec, None)
     prep = stages.preprocess(ws, spec)
     anon = stages.anonymize(ws, spec, prep.curated, key)
-    site = spec.placement.site or spec.dataset.site
+    decision = stages.place(ws, spec, anon.approved.size, None, datetime.now(UTC))
+    stages.record_placement(ws, run_id, decision)
+    site = decision.site
     synced = stages.sync(ws, anon.approved, site)
     stages.record_data(ws, spec, run_id, prep, anon, synced)
     trained = stages.train(ws, spec, synced.dataset, site, run_id, run_key)
     evaluated = stages.evaluate(ws, spec, synced.dataset, site, trained.model_uri)
     lineage = stages.build_lineage(ws, spec, prep, anon, synced, site, started)
     promoted = stages.promote(ws, spec, run_id, trained.model_uri, lineage, evaluated)
-    stages.close_run(ws, run_id, lineage, evaluated, promoted)
+    stages.close_run(ws, run_id, lineage, evaluated, promoted,
+                     [t for t in (synced.transfer, *trained.transfers) if t is not None])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tasks", type=int, default=200)
     args = ap.parse_args()
 
@@ -104,7 +108,8 @@ def main() -> None:
                 plain_lifecycle(ws, spec, key, f"plain-{i}")
                 plain.append(time.perf_counter() - t)
                 t = time.perf_counter()
-                lifecycle(spec_path="jobs/churn.yaml", workspace=str(ws_root), run_key=f"prefect-{i}")
+                lifecycle(spec_path="jobs/churn.yaml", workspace=str(ws_root), run_key=f"prefect-{i}",
+                          dispatch="inline")
                 prefect.append(time.perf_counter() - t)
                 print(f"repeat {i}: plain {plain[-1]:.2f} s, prefect {prefect[-1]:.2f} s")
 

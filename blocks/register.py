@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+from pathlib import Path
 
 from prefect.blocks.system import Secret
 
@@ -24,6 +26,35 @@ def ensure_pseudonym_key(block_name: str) -> bool:
 
 
 SECRET_FIELDS = ("aws_access_key_id", "aws_secret_access_key", "ssh_private_key", "ssh_known_hosts")
+
+
+def ensure_release_key(block_name: str, public_key_file: Path) -> bool:
+    """Create the Ed25519 release signing key once (in a Secret block; never overwritten) and write
+    its public half to ``public_key_file`` for release targets and the CLI. True when created."""
+    from hybridtrain.signing_key import SigningKey
+
+    try:
+        key = SigningKey.from_pem(Secret.load(block_name).get())
+        created = False
+    except ValueError:
+        key = SigningKey.generate()
+        Secret(value=key.to_pem().decode()).save(block_name)
+        created = True
+    public_key_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = public_key_file.with_suffix(".tmp")
+    tmp.write_bytes(key.public.to_pem())
+    os.replace(tmp, public_key_file)
+    return created
+
+
+def release_key_pem(block_name: str) -> str:
+    try:
+        return str(Secret.load(block_name).get())
+    except ValueError:
+        from hybridtrain.errors import Problem, SpecError
+
+        raise SpecError("Prefect blocks", [Problem(block_name, "release signing key not found: run "
+                                                               "`hybridtrain init` (or `make deploy`) to create it")]) from None
 
 
 def register_sites(catalog: SitesCatalog) -> list[str]:

@@ -12,7 +12,7 @@ from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.workers.process import ProcessWorker
 
-from blocks.register import ensure_pseudonym_key, register_sites
+from blocks.register import ensure_pseudonym_key, ensure_release_key, register_sites
 from hybridtrain.sites import SitesCatalog
 from hybridtrain.workspace import Workspace
 
@@ -46,6 +46,7 @@ def ensure_pools(catalog: SitesCatalog, report: BootstrapReport) -> None:
 def ensure_blocks(ws: Workspace, catalog: SitesCatalog, report: BootstrapReport) -> None:
     report.site_blocks = register_sites(catalog)
     report.key_created = ensure_pseudonym_key(ws.pseudonym_key_block)
+    ensure_release_key(ws.release_key_block, ws.release_public_key)
 
 
 def apply_deployments(ws: Workspace, report: BootstrapReport) -> None:

@@ -13,8 +13,7 @@ from hybridtrain.burst import plan_bursts
 from hybridtrain.placement import Placement
 from hybridtrain.policy import Policy
 from hybridtrain.prefect_queues import burst_inputs
-from blocks.site import with_site_secrets
-from hybridtrain.workspace import Workspace
+from flows.context import run_workspace
 from tasks.burst import announce_release, read_pool, read_queues, relocate
 
 
@@ -25,7 +24,7 @@ def burst_controller(workspace: str | None = None, interval_s: float = 120.0) ->
     Judgement is the pure ``plan_bursts``: a waiting run is moved only when it would miss its
     deadline (or the wait SLO) here, the engine picks another allowed site, and its data may leave.
     """
-    ws = with_site_secrets(Workspace.resolve(workspace))
+    ws = run_workspace(workspace)
     sites = stages.load_sites(ws)
     placement = Placement(sites, Policy.load(ws.policy_file, sites))
     queues = read_queues(ws)

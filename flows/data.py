@@ -8,8 +8,7 @@ from pydantic import BaseModel
 from hybridtrain import stages
 from hybridtrain.dvc_repo import DatasetVersion
 from hybridtrain.spec import JobSpec
-from blocks.site import with_site_secrets
-from hybridtrain.workspace import Workspace
+from flows.context import run_workspace
 from tasks.data import anonymize, preprocess, sync
 from tasks.tracking import save_result
 
@@ -22,7 +21,7 @@ class Prepared(BaseModel):
 @flow(name="prepare-data", flow_run_name="prepare-{spec.metadata.name}", log_prints=True)
 def prepare_data(spec: JobSpec, run_id: str, workspace: str | None = None) -> Prepared:
     """Raw → curated → approved at the data's own site (raw data never leaves it)."""
-    ws = with_site_secrets(Workspace.resolve(workspace))
+    ws = run_workspace(workspace)
     prep = preprocess(ws, spec)
     anon = anonymize(ws, spec, prep.curated)
     out = Prepared(prep=prep, anon=anon)
@@ -31,10 +30,11 @@ def prepare_data(spec: JobSpec, run_id: str, workspace: str | None = None) -> Pr
 
 
 @flow(name="sync-data", flow_run_name="sync-{approved.path}-to-{destination}", log_prints=True)
-def sync_data(approved: DatasetVersion, destination: str, run_id: str,
+def sync_data(approved: DatasetVersion, destination: str, run_id: str, spec: JobSpec | None = None,
               workspace: str | None = None) -> stages.SyncResult:
-    """Push the approved version from its site to ``destination``'s store; only missing objects move."""
-    ws = with_site_secrets(Workspace.resolve(workspace))
-    out = sync(ws, approved, destination)
+    """Push the approved version from its site to ``destination``'s store (if the policy allows the
+    job's data there); only missing objects move."""
+    ws = run_workspace(workspace)
+    out = sync(ws, approved, destination, spec)
     save_result(ws, run_id, "sync-data", out)
     return out

@@ -66,7 +66,8 @@ from hybridtrain.errors import AuditLogInvalid, Problem, TransientError
 from hybridtrain.signing_key import SigningKey, VerifyKey
 
 #: What records may say happened. New kinds are added here, so a typo cannot invent one.
-ACTIONS = ("placement", "sync", "tier_promotion", "gate", "promotion", "release", "rollback", "retire", "bundle")
+ACTIONS = ("placement", "sync", "tier_promotion", "gate", "promotion", "release", "rollback", "retire", "bundle",
+           "training_attempt", "recovery")
 GENESIS_HASH = "0" * 64
 DEFAULT_RELATIVE_PATH = Path(".hybridtrain") / "audit" / "audit.jsonl"
 LOCK_TIMEOUT_S = 60.0

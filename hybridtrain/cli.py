@@ -124,10 +124,11 @@ def _init_workspace(ws: Workspace) -> None:
 
 
 def _init_prefect(ws: Workspace) -> bool:
-    from blocks.register import ensure_pseudonym_key, register_sites
+    from blocks.register import ensure_pseudonym_key, ensure_release_key, register_sites
     from hybridtrain import stages
 
     register_sites(stages.load_sites(ws))
+    ensure_release_key(ws.release_key_block, ws.release_public_key)
     return ensure_pseudonym_key(ws.pseudonym_key_block)
 
 
@@ -237,6 +238,14 @@ def print_summary(summary: Any, ws: Workspace) -> None:
     )
     for r in summary.reasons:
         console.print(f"  - {r}")
+    g = Table(title="Promotion gates", title_justify="left")
+    g.add_column("gate")
+    g.add_column("verdict")
+    for name, verdict in summary.gates.items():
+        g.add_row(name, verdict)
+    console.print(g)
+    console.print(f"Cost of this version: ${summary.cost_usd:.4f} (hybridtrain ledger {summary.model_name}); "
+                  f"released to: {', '.join(summary.released_to) or 'nothing'}")
     console.print(f"Bytes synced: {summary.bytes_synced:,} ({summary.sync_route or 'no sync'}), "
                   f"egress ${summary.egress_usd:.4f}")
     console.print(UI_HINT.format(uri=ws.tracking_uri))
@@ -395,6 +404,47 @@ def deploy(home: HomeOpt = None) -> None:
     console.print(f"site blocks: {report.site_blocks}; pseudonym key {'created' if report.key_created else 'present'}")
     console.print(f"deployments: {', '.join(report.deployments)}")
     console.print("start workers with `make worker` (one process worker per pool)")
+
+
+@app.command()
+def drill(
+    scenario: Annotated[list[str] | None, typer.Option(
+        "--scenario", help="Scenario to run (repeatable; default all): kill-9, preempt, corrupt-checkpoint, "
+                           "s3-down, ssh-down.")] = None,
+    steps: Annotated[int, typer.Option(help="Optimizer steps of each drill run.")] = 300,
+    interval: Annotated[int | None, typer.Option(help="Steps between checkpoints (default steps/12).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Report directory (default .hybridtrain/drills/<timestamp>).")] = None,
+    home: HomeOpt = None,
+) -> None:
+    """Failover drill: inject faults into a real training run, measure time to resume (RTO) and lost steps (RPO)."""
+    from hybridtrain.drill import check_scenarios, run_drill
+
+    ws = _ws(home)
+    try:
+        names = check_scenarios(scenario)
+        report = run_drill(ws, names, steps=steps, interval=interval, out=out,
+                           say=lambda line: console.print(f"[dim]drill:[/] {line}", highlight=False))
+    except HybridtrainError as exc:
+        _fail(exc)
+    t = Table(title=f"Failover drill ({report.steps} steps, checkpoint every {report.checkpoint_interval})",
+              title_justify="left")
+    for c in ("scenario", "outcome", "RTO s", "RPO steps", "resumed from step", "notes"):
+        t.add_column(c, overflow="fold")
+    colour = {"ok": "green", "failed": "bold red", "skipped": "yellow"}
+    for s in report.scenarios:
+        t.add_row(s.scenario, f"[{colour[s.outcome]}]{s.outcome}[/]", "" if s.rto_s is None else f"{s.rto_s:.2f}",
+                  "" if s.rpo_steps is None else f"{s.rpo_steps}{' (est.)' if s.rpo_estimated else ''}",
+                  "" if s.resumed_from_step is None else str(s.resumed_from_step), "; ".join(s.notes))
+    console.print(t)
+    console.print(f"RTO: {report.definitions['rto_s']}.", highlight=False)
+    console.print(f"RPO: {report.definitions['rpo_steps']}.", highlight=False)
+    console.print(f"report: {report.directory}/report.md (and report.json)", highlight=False)
+    if report.mlflow_run_id:
+        console.print(f"MLflow: experiment hybridtrain-drills, run {report.mlflow_run_id}", highlight=False)
+    for note in report.notes:
+        console.print(f"note: {note}", highlight=False)
+    if report.failed:
+        raise typer.Exit(1)
 
 
 from hybridtrain import cli_governance, cli_placement  # noqa: E402 - their commands join this app

@@ -124,6 +124,12 @@ class Registry:
                                                         tracking_uri=self.tracking_uri)
             return Path(local).read_text()
 
+    def model_bytes_uri(self, model_uri: str) -> int:
+        """Like ``model_bytes`` for a ``models:/m-<id>`` URI (a LoggedModel) or any artifact URI."""
+        if model_uri.startswith("models:/m-"):
+            return self.model_bytes(ModelRef(model_uri, model_uri.removeprefix("models:/")))
+        return self.artifact_bytes(model_uri)
+
     def model_bytes(self, model: ModelRef) -> int:
         """Size of a logged model's files (what travelled to the artifact store)."""
         if model.model_id is None:

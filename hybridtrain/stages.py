@@ -9,19 +9,18 @@ called in sequence, are the plain-Python baseline of the orchestration benchmark
 from __future__ import annotations
 
 import re
+import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, Field
 
 from hybridtrain import partitioned
 from hybridtrain.dvc_repo import DatasetVersion, DvcRepo
-from hybridtrain.errors import DataError, Problem, SpecError
+from hybridtrain.errors import DataError, Preempted, Problem, SpecError
 from hybridtrain.lineage import Lineage, code_version
 from hybridtrain.object_store import ObjectStore
 from hybridtrain.preprocess import Preprocessor
@@ -81,6 +80,9 @@ class TrainOutput(BaseModel):
     seconds: float
     samples_per_second: float
     gpu_seconds: float = Field(0.0, description="Wall seconds x GPUs used (0 on CPU-only training).")
+    checkpoint_sha256: str | None = Field(None, description="SHA-256 of the final checkpoint (lineage gate).")
+    checkpoint_bytes: int = 0
+    attempts: list[Any] = Field(default_factory=list, description="Earlier attempts of this run (ledger records).")
     transfers: list[TransferRecord] = Field(default_factory=list, description="Model upload to the control site.")
 
 
@@ -103,10 +105,21 @@ class PromoteResult(BaseModel):
     champion_version: str | None
     previous_version: str | None
     reasons: list[str]
+    gates: dict[str, str] = Field(default_factory=dict, description="Each gate's verdict.")
+    cost_usd: float = Field(0.0, description="The version's ledger total.")
+    released_to: list[str] = Field(default_factory=list)
+    bundle_sha256: str | None = None
     seconds: float
 
 
 # -- environment -----------------------------------------------------------------------------
+
+
+def audit(ws: Workspace) -> Any:
+    """The workspace's append-only audit log."""
+    from hybridtrain.audit_log import AuditLog
+
+    return AuditLog.in_workspace(ws.root)
 
 
 def load_sites(ws: Workspace) -> SitesCatalog:
@@ -212,6 +225,11 @@ def preprocess(ws: Workspace, spec: JobSpec) -> PreprocessResult:
     repo = workspace_repo(ws, sites, site)
     curated = repo.add(curated_path, "curated", site)
     repo.push(curated, remote=sites.get(site).dvc_remote)  # within the site: versioned, not a crossing
+    audit(ws).append(actor=ws.actor, action="tier_promotion", subject=f"dataset {curated_path}",
+                     inputs={"path": curated_path, "tier_from": "raw", "tier_to": "curated", "from_md5": raw.md5,
+                             "to_md5": curated.md5, "spec_hash": spec.spec_hash(), "site": site,
+                             "reason": "schema validated, cleaned, split and partitioned", "report": report.as_dict()},
+                     outcome=f"curated {curated.md5}")
     return PreprocessResult(raw=raw, curated=curated, report=report.as_dict(), site=site,
                             seconds=time.perf_counter() - started)
 
@@ -243,9 +261,19 @@ def anonymize(ws: Workspace, spec: JobSpec, curated: DatasetVersion, key: bytes)
         part = scan.scan(pq.read_table(f).to_pandas(), where=str(f.relative_to(ws.root)))
         leak = part if leak is None else leak.merge(part)
     assert leak is not None
+    promotion_inputs = {"path": approved_path, "tier_from": "curated", "tier_to": "approved",
+                        "from_md5": curated.md5, "spec_hash": spec.spec_hash(), "site": site,
+                        "k_achieved": result.report.k_achieved, "rows_suppressed": result.report.rows_suppressed,
+                        "leak_scan_hits": leak.hits, "reason": "anonymized, k-anonymous, leak scan of the "
+                                                              "written files"}
+    if not leak.clean:
+        audit(ws).append(actor=ws.actor, action="tier_promotion", subject=f"dataset {approved_path}",
+                         inputs=promotion_inputs, outcome="refused: raw sensitive values found by the leak scan")
     leak.raise_if_leaky(approved_path)
     approved = repo.add(approved_path, "approved", site)
     repo.push(approved, remote=sites.get(site).dvc_remote)
+    audit(ws).append(actor=ws.actor, action="tier_promotion", subject=f"dataset {approved_path}",
+                     inputs={**promotion_inputs, "to_md5": approved.md5}, outcome=f"approved {approved.md5}")
     return AnonymizeResult(
         approved=approved,
         report=result.report.model_dump(mode="json"),
@@ -256,19 +284,47 @@ def anonymize(ws: Workspace, spec: JobSpec, curated: DatasetVersion, key: bytes)
     )
 
 
-def sync(ws: Workspace, approved: DatasetVersion, destination: str) -> SyncResult:
-    """Make ``approved`` available in ``destination``'s store; only missing objects move."""
+def check_destination(ws: Workspace, spec: JobSpec, approved: DatasetVersion, destination: str,
+                      sites: SitesCatalog) -> None:
+    """Refuse to send ``spec``'s data to a site the placement policy does not allow for it."""
+    from hybridtrain.policy import Policy, capacity_options
+    from hybridtrain.request import request_from_spec
+
+    policy = Policy.load(ws.policy_file, sites)
+    request = request_from_spec(spec, dataset_bytes=approved.size, now=datetime.now(UTC))
+    site = sites.get(destination)
+    verdicts = [policy.evaluate(request, site, k) for k in capacity_options(site)]
+    if not any(v.allowed for v in verdicts):
+        why = "; ".join(f"{v.rule}: {v.reason}" for v in verdicts)
+        raise SpecError(f"job {spec.name}", [Problem(
+            "placement", f"the policy does not allow this job's data at site {destination} ({why}); nothing was "
+                         "synced")])
+
+
+def sync(ws: Workspace, approved: DatasetVersion, destination: str, spec: JobSpec | None = None) -> SyncResult:
+    """Make ``approved`` available in ``destination``'s store; only missing objects move.
+
+    Only approved data may leave its site (DataMover enforces the tier) and, given the job's
+    ``spec``, only to a site the placement policy allows for it. Every sync is audited.
+    """
     started = time.perf_counter()
     sites = load_sites(ws)
     if approved.site == destination:
         return SyncResult(dataset=approved, transfer=None, site=destination, seconds=0.0)
+    DataMover.check_tier(approved, approved.site, destination)
+    if spec is not None:
+        check_destination(ws, spec, approved, destination, sites)
     repo = workspace_repo(ws, sites, approved.site)
     moved, record = DataMover(repo).sync_dataset(approved, sites.get(approved.site), sites.get(destination))
+    audit(ws).append(actor=ws.actor, action="sync", subject=f"dataset {approved.path}@{approved.md5}",
+                     inputs=record.as_row(), outcome=f"{record.bytes} bytes to {destination}")
     return SyncResult(dataset=moved, transfer=record, site=destination, seconds=time.perf_counter() - started)
 
 
 def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run_id: str, run_key: str,
-          *, ssh: SshCredentials | None = None, on_line: Callable[[str], None] | None = None) -> TrainOutput:
+          *, ssh: SshCredentials | None = None, on_line: Callable[[str], None] | None = None,
+          should_stop: Callable[[], bool] | None = None,
+          preemptions_per_hour: float | None = None) -> TrainOutput:
     """Train at ``site`` on its copy of the approved data; checkpoints go to that site's store.
 
     ``run_key`` names the checkpoint series: a retry or a resubmission of the same run resumes
@@ -278,6 +334,13 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     first SSH host under torchrun (``remote_training.ssh_train``, job id ``<job>-<run_key>``,
     so a retry re-attaches to a job still running there), its log lines going to ``on_line``;
     without it, in this process.
+
+    Preemption raises ``Preempted`` (step, checkpoint key, site): over SSH when the job stopped
+    for a notice (SIGTERM to it) after writing its checkpoint; in this process when
+    ``should_stop()`` (e.g. a ``PreemptionNotice`` entered by the main thread) said so after a
+    step. Resume by calling ``train`` again with the same ``run_key`` — here, or at another site
+    after ``move_checkpoint``. ``preemptions_per_hour`` (the site's observed rate) sets the
+    interval of ``checkpoint.auto_interval``.
     """
     from hybridtrain.checkpoint import CheckpointStore
     from hybridtrain.trainer import Trainer
@@ -307,8 +370,13 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
             raise SpecError("sites catalog", [Problem(f"sites.{site}.hosts", "SSH credentials were given but the "
                                                                               "site lists no hosts to train on")])
         job_id = re.sub(r"[^A-Za-z0-9._-]", "-", f"{spec.name}-{run_key}")[:128]
-        files = ssh_train(ws, spec, approved, s, s.hosts[0], ssh.private_key, ssh.known_hosts, run_key, job_id,
-                          on_line, mlflow_run_id=run_id)
+        from hybridtrain.ssh_site import Timeouts
+
+        host = s.hosts[0]
+        files = ssh_train(ws, spec, approved, s, host, ssh.private_key, ssh.known_hosts, run_key, job_id,
+                          on_line, mlflow_run_id=run_id, preemptions_per_hour=preemptions_per_hour,
+                          timeouts=Timeouts(connect=host.connect_timeout_s, command=host.command_timeout_s,
+                                            reconnect=host.reconnect_s))
         result, device = files.train_result(), files.result.device
         for h in result.history:
             on_epoch(int(h["epoch"]), {k: v for k, v in h.items() if k not in ("epoch", "global_step")})
@@ -319,8 +387,13 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
         store = CheckpointStore.for_run(checkpoint_store(ws, s), spec.name, run_key,
                                         keep_last=spec.checkpoint.keep_last)
         trainer = Trainer(spec.model, spec.checkpoint, store, spec.data_schema.label,
-                          threads=spec.model.threads or spec.resources.cpus, job=spec.name)
-        result = trainer.fit(train_df, val_df, on_epoch=on_epoch)
+                          threads=spec.model.threads or spec.resources.cpus, job=spec.name,
+                          preemptions_per_hour=preemptions_per_hour)
+        try:
+            result = trainer.fit(train_df, val_df, on_epoch=on_epoch, should_stop=should_stop)
+        except Preempted as exc:
+            exc.site = site
+            raise
         device = str(trainer.device)
     upload_started = time.perf_counter()
     ref = registry.log_model(run_id, result.model, result.featurizer.to_dict(), result.featurizer.n_features)
@@ -346,12 +419,57 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
         resumed_from_step=result.resumed_from_step,
         checkpoints_written=result.checkpoints_written,
         last_checkpoint=result.last_checkpoint.key if result.last_checkpoint else None,
+        checkpoint_sha256=result.last_checkpoint.sha256 if result.last_checkpoint else None,
+        checkpoint_bytes=result.last_checkpoint.size if result.last_checkpoint else 0,
         device=device,
         seconds=seconds,
         samples_per_second=result.samples_per_second,
         gpu_seconds=seconds * max(1, spec.resources.gpus) if device.startswith("cuda") else 0.0,
         transfers=transfers,
     )
+
+
+def move_checkpoint(ws: Workspace, spec: JobSpec, run_key: str, source: str,
+                    destination: str) -> TransferRecord | None:
+    """Copy the newest valid checkpoint of ``run_key`` from ``source``'s store to ``destination``'s.
+
+    For a run that resumes at another site (preempted, or its site failed): only that one
+    checkpoint moves (``CheckpointStore.copy_latest``), and the crossing is returned as a
+    ``TransferRecord`` (egress charged by ``source``). None when ``source`` holds no valid
+    checkpoint of the run (it starts afresh) or the sites are the same; a record with 0 bytes
+    when ``destination`` already had it. ``SiteUnavailable`` when either store cannot be reached.
+    """
+    from hybridtrain.checkpoint import CheckpointStore
+
+    if source == destination:
+        return None
+    sites = load_sites(ws)
+    src, dst = sites.get(source), sites.get(destination)
+    keep = spec.checkpoint.keep_last
+    copy = CheckpointStore.for_run(checkpoint_store(ws, src), spec.name, run_key, keep_last=keep).copy_latest(
+        CheckpointStore.for_run(checkpoint_store(ws, dst), spec.name, run_key, keep_last=keep))
+    if copy is None:
+        return None
+    return TransferRecord(
+        source=source, destination=destination, what=f"checkpoint {copy.source.uri} (step {copy.source.step})",
+        bytes=copy.bytes, files=copy.files, seconds=copy.seconds, egress_per_gb=src.egress_per_gb,
+        cost_usd=egress_cost(copy.bytes, src))
+
+
+def checkpoint_sites(ws: Workspace, spec: JobSpec, run_key: str) -> dict[str, int]:
+    """Site → step of the newest complete checkpoint of ``run_key`` in its store (sites holding one,
+    and reachable now). A resubmitted run uses it to find where its training got to."""
+    from hybridtrain.checkpoint import CheckpointStore
+
+    out = {}
+    for site in load_sites(ws).sites:
+        try:
+            found = CheckpointStore.for_run(checkpoint_store(ws, site), spec.name, run_key).list()
+        except Exception:  # noqa: BLE001 - an unreachable store holds nothing we can use now
+            continue
+        if found:
+            out[site.name] = found[-1].step
+    return out
 
 
 def evaluate(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, model_uri: str) -> EvaluateResult:
@@ -387,36 +505,126 @@ def evaluate(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, 
     )
 
 
-def promote(ws: Workspace, spec: JobSpec, run_id: str, model_uri: str, lineage: Lineage,
-            result: EvaluateResult) -> PromoteResult:
-    """Register the version with its lineage; move ``champion`` only if every gate passes."""
+def releaser_for(ws: Workspace, spec: JobSpec, sites: SitesCatalog, trusted_key: Any) -> Any:
+    """The spec's release targets (each trusting ``trusted_key``) and the bundle archive at the control site."""
+    from hybridtrain.object_store import open_store
+    from hybridtrain.release import BundleArchive, Releaser, open_targets
+
+    control = control_site(ws, sites)
+    archive = BundleArchive(open_store(control.store, ws.root, "bundles", site=control.name))
+    return Releaser(open_targets(spec.promotion.release_targets, root=ws.root, sites=sites, trusted_key=trusted_key),
+                    archive)
+
+
+def publish_public_key(ws: Workspace, pem: bytes) -> None:
+    """Keep the workspace's copy of the release public key (what the CLI and targets trust) current."""
+    path = ws.release_public_key
+    if path.is_file() and path.read_bytes() == pem:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(pem)
+    tmp.replace(path)
+
+
+def run_record(ws: Workspace, spec: JobSpec, run_id: str, version: str | None, trained: TrainOutput,
+               capacity_class: str, transfers: list[TransferRecord], model_bytes: int) -> Any:
+    """What this lifecycle run consumed, for the cost ledger: every training attempt (the wasted ones
+    too), every crossing, and the bytes it left in storage."""
+    from hybridtrain.ledger import AttemptRecord, RunRecord, StorageRecord
+
+    sites = load_sites(ws)
+    attempts = [*trained.attempts, AttemptRecord(site=trained.site, capacity_class=capacity_class,
+                                                 gpus=spec.resources.gpus, seconds=trained.seconds,
+                                                 outcome="succeeded")]
+    storage = [StorageRecord(kind="artifact", site=control_site(ws, sites).name, bytes=model_bytes)]
+    if trained.checkpoint_bytes:
+        storage.append(StorageRecord(kind="checkpoint", site=trained.site, bytes=trained.checkpoint_bytes))
+    return RunRecord(model=spec.registry.model_name, version=version, run_id=run_id, job=spec.name,
+                     finished_at=datetime.now(UTC), attempts=attempts, transfers=transfers, storage=storage)
+
+
+def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, capacity_class: str,
+            lineage: Lineage, result: EvaluateResult, transfers: list[TransferRecord], signing_key_pem: str,
+            actor: str, approved_by: str | None = None) -> PromoteResult:
+    """Register the version with its lineage and cost; build and sign its bundle; evaluate every
+    promotion gate; move ``champion`` and release to the spec's targets only if all pass.
+
+    A gate saying no is a normal outcome (the version stays registered, the alias where it was);
+    each gate's verdict is recorded on the version and in the audit log.
+    """
+    import mlflow
+
+    from hybridtrain import promotion
+    from hybridtrain.audit_log import AuditLog
+    from hybridtrain.bundle import BundleDataset, ModelBundle
+    from hybridtrain.errors import GateFailed
+    from hybridtrain.gates import GateInputs, evaluate_gates
+    from hybridtrain.ledger import CostLedger
+    from hybridtrain.signing_key import SigningKey
+
     started = time.perf_counter()
+    sites = load_sites(ws)
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
     name = spec.registry.model_name
     metric_tags = {f"hybridtrain.metric.{k}": f"{v:.6f}" for k, v in result.metrics.items()}
-    version = registry.register(model_uri, name, run_id, {**lineage.tags(), **metric_tags})
-    reasons: list[str] = []
-    if result.threshold_failures:
-        reasons += [f"threshold: {f}" for f in result.threshold_failures]
-    if not result.better:
-        reasons.append(f"comparison: {result.reason}")
-    promoted = not reasons
-    previous = None
-    if promoted:
-        previous = registry.move_champion(name, version.version)
-        reasons.append(f"promoted: {result.reason}")
-    registry.set_version_tags(name, version.version, {
-        "hybridtrain.promotion": "champion" if promoted else "not-promoted",
-        "hybridtrain.promotion.reasons": "; ".join(reasons),
-    })
+    lineage_tags = {**lineage.tags(), "hybridtrain.checkpoint.sha256": trained.checkpoint_sha256 or ""}
+    version = registry.register(trained.model_uri, name, run_id, {**lineage_tags, **metric_tags}).version
+
+    record = run_record(ws, spec, run_id, version, trained, capacity_class, transfers,
+                        registry.model_bytes_uri(trained.model_uri))
+    registry.log_text(run_id, record.model_dump_json(indent=2), "ledger/run_record.json")
+    registry.set_tags(run_id, {"hybridtrain.ledger.model": name, "hybridtrain.model_version": version})
+    line = CostLedger(sites).for_model([record], model=name).line(version)
+    registry.set_version_tags(name, version, line.tags())
+
+    key = SigningKey.from_pem(signing_key_pem)
+    publish_public_key(ws, key.public.to_pem())
+    releaser = releaser_for(ws, spec, sites, key.public)
+    audit = AuditLog.in_workspace(ws.root)
+    champion = registry.by_alias(name, CHAMPION)
+    with tempfile.TemporaryDirectory(prefix="hybridtrain-bundle-") as tmp:
+        mlflow.set_tracking_uri(ws.tracking_uri)
+        weights = Path(mlflow.artifacts.download_artifacts(artifact_uri=trained.model_uri, dst_path=f"{tmp}/model"))
+        bundle = ModelBundle.build(
+            Path(tmp) / "bundle", model=name, version=version, weights=weights, spec=spec.to_dict(),
+            datasets=[BundleDataset.of(v) for v in (lineage.raw, lineage.curated, lineage.approved)],
+            evaluation={"metrics": result.metrics, "champion_version": result.champion_version,
+                        "champion_metrics": result.champion_metrics, "reason": result.reason},
+            lineage=lineage_tags, checkpoint_sha256=trained.checkpoint_sha256, signing_key=key,
+            checkpoint_uri=trained.last_checkpoint)
+        report = evaluate_gates(GateInputs.for_spec(
+            spec, version, version_tags=registry.version(name, version).tags,
+            datasets={v.tier: v.md5 for v in (lineage.raw, lineage.curated, lineage.approved)},
+            checkpoint_sha256=trained.checkpoint_sha256, bundle=bundle, trusted_key=key.public,
+            metrics=result.metrics,
+            champion_version=champion.version if champion else None, champion_metrics=result.champion_metrics,
+            cost_usd=line.total_usd, rollback_versions=releaser.available_versions(name), approved_by=approved_by,
+        ), spec.promotion.gates)
+        bundle_sha = bundle.manifest_sha256  # the bundle directory is temporary
+        try:
+            outcome = promotion.promote(registry, releaser, audit, bundle=bundle, report=report,
+                                        trusted_key=key.public, actor=actor)
+        except GateFailed:
+            outcome = None
+    if outcome is None:
+        reasons = [f"gate {r.name}: {r.reason}" for r in report.failures]
+        registry.set_version_tags(name, version, {"hybridtrain.promotion": "not-promoted",
+                                                  "hybridtrain.promotion.reasons": "; ".join(reasons)})
+    else:
+        reasons = [f"promoted: {result.reason}"]
     champ = registry.by_alias(name, CHAMPION)
     return PromoteResult(
         model_name=name,
-        version=version.version,
-        promoted=promoted,
+        version=version,
+        promoted=outcome is not None,
         champion_version=champ.version if champ else None,
-        previous_version=previous,
+        previous_version=outcome.previous if outcome else None,
         reasons=reasons,
+        gates={r.name: ("passed" if r.passed else "failed: " + r.reason) for r in report.results},
+        cost_usd=line.total_usd,
+        released_to=[t.target for t in outcome.release.targets] if outcome else [],
+        bundle_sha256=bundle_sha,
         seconds=time.perf_counter() - started,
     )
 
@@ -577,8 +785,12 @@ def estimate_run_hours(ws: Workspace, spec: JobSpec) -> float | None:
 
 
 def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, queues: dict | None, now: datetime,
-          run_hours: float | None = None) -> PlacementOutcome:
-    """Decide the training site with the placement engine (pure given its inputs: queues, clock, history)."""
+          run_hours: float | None = None, unavailable: dict[str, str] | None = None) -> PlacementOutcome:
+    """Decide the training site with the placement engine (pure given its inputs: queues, clock, history).
+
+    ``unavailable`` (site → reason: failed health checks, a site that just lost the run) is left out
+    of this decision; when it leaves no site the policy allows, ``NoFeasiblePlacement`` says so.
+    """
     from hybridtrain.placement import Placement
     from hybridtrain.policy import Policy
     from hybridtrain.request import request_from_spec
@@ -586,7 +798,7 @@ def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, queues: dict | None,
     sites = load_sites(ws)
     policy = Policy.load(ws.policy_file, sites)
     request = request_from_spec(spec, dataset_bytes=dataset_bytes, now=now, run_hours=run_hours)
-    decision = Placement(sites, policy).decide(request, now=now.timestamp(), queues=queues)
+    decision = Placement(sites, policy).decide(request, now=now.timestamp(), queues=queues, unavailable=unavailable)
     return PlacementOutcome(
         site=decision.site,
         capacity_class=decision.capacity_class.value,
@@ -608,7 +820,35 @@ def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, queues: dict | None,
     )
 
 
-def record_placement(ws: Workspace, run_id: str, outcome: PlacementOutcome) -> None:
+def site_health(ws: Workspace, workers_online: Callable[[str], int | None] | None = None,
+                timeout_s: float = 5.0) -> list[Any]:
+    """Health of every site in the catalog (``site_health.check_site``): its SSH hosts with the key
+    its block holds, its store, and — when ``workers_online`` (pool → live workers) is given — its
+    pool's worker heartbeat. Probes run in parallel threads, each bounded by ``timeout_s``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hybridtrain.site_health import check_site
+
+    sites = load_sites(ws)
+
+    def one(site: Site) -> Any:
+        secret = ws.secrets.get(site.name) if ws.secrets is not None else None
+        ssh = secret is not None and secret.has_ssh and bool(site.hosts)
+        workers = workers_online(site.work_pool) if workers_online is not None else None
+        return check_site(site, ws.root, private_key=secret.ssh_private_key if ssh else None,
+                          known_hosts=(secret.ssh_known_hosts or "") if ssh else None,
+                          workers_online=workers, timeout_s=timeout_s)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(sites.sites)))) as pool:
+        return list(pool.map(one, sites.sites))
+
+
+def record_placement(ws: Workspace, run_id: str, outcome: PlacementOutcome, job: str = "") -> None:
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
     registry.set_tags(run_id, outcome.tags)
     registry.log_dict(run_id, outcome.model_dump(mode="json"), "reports/placement.json")
+    audit(ws).append(actor=ws.actor, action="placement", subject=f"job {job or run_id}",
+                     inputs={"mlflow_run_id": run_id, "site": outcome.site, "capacity_class": outcome.capacity_class,
+                             "strategy": outcome.strategy, "est_cost_usd": round(outcome.cost_usd, 4),
+                             "rejected": outcome.rejected, "reasons": outcome.reasons},
+                     outcome=f"{outcome.site} ({outcome.capacity_class})")

@@ -38,6 +38,9 @@ class RunSummary(BaseModel):
     champion_version: str | None
     previous_version: str | None
     reasons: list[str]
+    gates: dict[str, str]
+    cost_usd: float
+    released_to: list[str]
     bytes_synced: int
     sync_route: str | None
     egress_usd: float
@@ -82,7 +85,8 @@ class RunSummary(BaseModel):
                      detail=f"{trained.epochs_completed} epochs, {trained.global_step} steps, "
                             f"{trained.checkpoints_written} checkpoints"
                             + (f", resumed from step {trained.resumed_from_step}"
-                               if trained.resumed_from_step is not None else "")),
+                               if trained.resumed_from_step is not None else "")
+                            + _earlier_attempts(trained.attempts)),
             StageRow(stage="evaluate", site=evaluated.site, seconds=evaluated.seconds, detail=evaluated.reason),
             StageRow(stage="promote", site=prep.site, seconds=promoted.seconds,
                      detail=("champion -> v" + promoted.version) if promoted.promoted
@@ -103,6 +107,9 @@ class RunSummary(BaseModel):
             champion_version=promoted.champion_version,
             previous_version=promoted.previous_version,
             reasons=promoted.reasons,
+            gates=promoted.gates,
+            cost_usd=promoted.cost_usd,
+            released_to=promoted.released_to,
             bytes_synced=t.bytes if t else 0,
             sync_route=f"{t.source}->{t.destination}" if t else None,
             egress_usd=sum(m.cost_usd for m in moves),
@@ -132,6 +139,10 @@ class RunSummary(BaseModel):
                   f"- champion: **{'v' + self.champion_version if self.champion_version else 'none'}**"
                   + (" (moved by this run)" if self.promoted else " (unchanged)"),
                   *[f"- {r}" for r in self.reasons],
+                  f"- cost of this version (ledger): ${self.cost_usd:.4f}",
+                  f"- released to: {', '.join(self.released_to) or 'nothing (not promoted)'}",
+                  "", "## Promotion gates", "", "| gate | verdict |", "|---|---|",
+                  *[f"| {g} | {v} |" for g, v in self.gates.items()],
                   "", f"Bytes synced: {self.bytes_synced:,} ({self.sync_route or 'no sync'}); "
                       f"egress of all crossings ${self.egress_usd:.4f}. MLflow run `{self.mlflow_run_id}`."]
         if self.transfers:
@@ -140,3 +151,10 @@ class RunSummary(BaseModel):
             lines += [f"| {t['source']} | {t['destination']} | {t['what']} | {t['bytes']:,} | {t['seconds']} | "
                       f"{t['cost_usd']} |" for t in self.transfers]
         return "\n".join(lines)
+
+
+def _earlier_attempts(attempts: list) -> str:
+    """", after 1 preempted and 1 failed attempt(s)" for the earlier attempts of a run ('' when none)."""
+    outcomes = [a.get("outcome") if isinstance(a, dict) else getattr(a, "outcome", None) for a in attempts]
+    counts = {str(o): outcomes.count(o) for o in dict.fromkeys(outcomes)}
+    return (", after " + " and ".join(f"{n} {o}" for o, n in counts.items()) + " attempt(s)") if counts else ""

@@ -61,14 +61,19 @@ class DataMover:
     def __init__(self, repo: DvcRepo):
         self.repo = repo
 
-    def sync_dataset(self, version: DatasetVersion, source: Site, destination: Site) -> tuple[DatasetVersion, TransferRecord]:
-        """Push ``version`` from ``source`` to ``destination``'s store; only missing objects move."""
-        if version.tier != "approved" and source.name != destination.name:
+    @staticmethod
+    def check_tier(version: DatasetVersion, source: str, destination: str) -> None:
+        """Only approved data (anonymized and leak-scanned) may leave its site."""
+        if version.tier != "approved" and source != destination:
             raise SpecError(
                 version.path,
-                [Problem("tier", f"{version.tier} data may not leave site {source.name}; only approved data "
+                [Problem("tier", f"{version.tier} data may not leave site {source}; only approved data "
                                  "(anonymized and leak-scanned) may be synced")],
             )
+
+    def sync_dataset(self, version: DatasetVersion, source: Site, destination: Site) -> tuple[DatasetVersion, TransferRecord]:
+        """Push ``version`` from ``source`` to ``destination``'s store; only missing objects move."""
+        self.check_tier(version, source.name, destination.name)
         result = self.repo.push(version, remote=destination.dvc_remote)
         record = TransferRecord(
             source=source.name,

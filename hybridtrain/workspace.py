@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 STATE_DIR = ".hybridtrain"
 SECRET_BLOCK = "hybridtrain-pseudonym-key"
+RELEASE_KEY_BLOCK = "hybridtrain-release-signing-key"
 
 
 class Settings(BaseSettings):
@@ -38,6 +39,9 @@ class Settings(BaseSettings):
     )
     experiment: str = Field("hybridtrain", description="MLflow experiment for lifecycle runs.")
     pseudonym_key_block: str = Field(SECRET_BLOCK, description="Prefect Secret block holding the pseudonym key.")
+    release_key_block: str = Field(
+        RELEASE_KEY_BLOCK, description="Prefect Secret block holding the Ed25519 key that signs model bundles."
+    )
     control_site: str | None = Field(
         None, description="Site hosting Prefect and MLflow; default the first on-prem site."
     )
@@ -53,12 +57,19 @@ class Workspace:
     tracking_uri: str
     experiment: str = "hybridtrain"
     pseudonym_key_block: str = SECRET_BLOCK
+    release_key_block: str = RELEASE_KEY_BLOCK
     control_site: str | None = None
     #: Site credentials in memory (from Prefect blocks); never printed, compared or hashed.
     secrets: SiteSecrets | None = field(default=None, repr=False, compare=False, hash=False)
 
+    #: Who or what acts in this process, as the audit log records it (e.g. the Prefect flow run).
+    actor: str = "hybridtrain"
+
     def with_secrets(self, secrets: SiteSecrets | None) -> Workspace:
         return replace(self, secrets=secrets)
+
+    def with_actor(self, actor: str) -> Workspace:
+        return replace(self, actor=actor)
 
     @classmethod
     def resolve(
@@ -87,6 +98,7 @@ class Workspace:
             tracking_uri=uri,
             experiment=s.experiment,
             pseudonym_key_block=s.pseudonym_key_block,
+            release_key_block=s.release_key_block,
             control_site=s.control_site,
         )
 
@@ -97,6 +109,11 @@ class Workspace:
     @property
     def mlflow_artifacts(self) -> Path:
         return self.state_dir / "mlflow" / "artifacts"
+
+    @property
+    def release_public_key(self) -> Path:
+        """The public half of the release signing key: what release targets and the CLI trust."""
+        return self.state_dir / "keys" / "release.pub.pem"
 
     @property
     def prefect_home(self) -> Path:

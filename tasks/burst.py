@@ -54,7 +54,7 @@ def relocate(ws: Workspace, run: PoolRun, from_site: str, to_site: str, reason: 
     sites = stages.load_sites(ws)
     target = sites.get(to_site)
     approved = DatasetVersion.model_validate(run.parameters["approved"])
-    synced = stages.sync(ws, approved, to_site)
+    synced = stages.sync(ws, approved, to_site, run.spec)
     params = {**run.parameters, "approved": synced.dataset.model_dump(mode="json"), "site": to_site}
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name(f"train-stage/{target.work_pool}")

@@ -15,11 +15,13 @@ from tasks.retry import BACKOFF_S, only_transient
 
 
 @task(name="place", retries=3, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
-def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, run_id: str) -> stages.PlacementOutcome:
+def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, run_id: str,
+          unavailable: dict[str, str] | None = None) -> stages.PlacementOutcome:
+    """Place the training; ``unavailable`` (site → reason: unhealthy, just lost the run) is left out."""
     now = datetime.now(UTC)
     queues = PrefectQueues(stages.load_sites(ws)).snapshot(now)
-    outcome = stages.place(ws, spec, dataset_bytes, queues, now, stages.estimate_run_hours(ws, spec))
-    stages.record_placement(ws, run_id, outcome)
+    outcome = stages.place(ws, spec, dataset_bytes, queues, now, stages.estimate_run_hours(ws, spec), unavailable)
+    stages.record_placement(ws, run_id, outcome, spec.name)
     create_table_artifact(outcome.candidates, key=f"placement-{spec.name}",
                           description=f"Placement candidates; chosen {outcome.site} ({outcome.capacity_class})")
     create_markdown_artifact(outcome.to_markdown(), key=f"placement-why-{spec.name}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import task
 from pydantic import BaseModel
 
+from blocks.register import release_key_pem
 from hybridtrain import stages
 from hybridtrain.lineage import Lineage
 from hybridtrain.transfer import TransferRecord
@@ -25,9 +26,12 @@ def record_data(ws: Workspace, spec: JobSpec, run_id: str, prep: stages.Preproce
 
 
 @task(name="promote", retries=3, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
-def promote(ws: Workspace, spec: JobSpec, run_id: str, model_uri: str, lineage: Lineage,
-            result: stages.EvaluateResult) -> stages.PromoteResult:
-    return stages.promote(ws, spec, run_id, model_uri, lineage, result)
+def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: stages.TrainOutput, capacity_class: str,
+            lineage: Lineage, result: stages.EvaluateResult, transfers: list[TransferRecord], actor: str,
+            approved_by: str | None = None) -> stages.PromoteResult:
+    # The signing key is read here, from its Secret block, and never passed around or logged.
+    return stages.promote(ws, spec, run_id, trained, capacity_class, lineage, result, transfers,
+                          release_key_pem(ws.release_key_block), actor, approved_by)
 
 
 @task(name="close-run", retries=3, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)

@@ -47,7 +47,9 @@ def prefect_server(tmp_path_factory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def pseudonym_key(prefect_server) -> None:
-    from blocks.register import ensure_pseudonym_key
+def pseudonym_key(prefect_server, tmp_path_factory) -> None:
+    from blocks.register import ensure_pseudonym_key, ensure_release_key
 
     ensure_pseudonym_key("hybridtrain-pseudonym-key")
+    # Tests' workspaces read the public key from their own .hybridtrain/keys; the block is shared.
+    ensure_release_key("hybridtrain-release-signing-key", tmp_path_factory.mktemp("keys") / "release.pub.pem")

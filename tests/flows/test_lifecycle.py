@@ -56,7 +56,10 @@ def test_champion_moves_only_for_a_better_model(runs):
     assert (b.model_version, b.promoted, b.champion_version, b.previous_version) == ("2", True, "2", "1")
     assert b.metrics["auc"] > a.metrics["auc"] + 0.05
     assert (c.model_version, c.promoted, c.champion_version) == ("3", False, "2")
-    assert any("not better" in r or "comparison" in r for r in c.reasons)
+    # Only the comparison gate said no; every other gate (lineage, signature, cost...) passed.
+    assert c.gates["not_worse"].startswith("failed") and c.reasons[0].startswith("gate not_worse")
+    assert {g for g, v in c.gates.items() if v != "passed"} == {"not_worse"}, c.gates
+    assert b.gates["rollback_target"] == "passed" and a.gates["rollback_target"] == "passed"
     reg = registry(runs["root"])
     assert reg.by_alias("churn-classifier", "champion").version == "2"
     assert reg.by_alias("churn-classifier", "previous").version == "1"
@@ -134,3 +137,70 @@ def test_summary_artifact_is_in_prefect(runs):
     with get_client(sync_client=True) as client:
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["lifecycle-churn"])))
     assert arts and "champion" in arts[0].data
+
+
+def test_every_step_is_in_the_audit_log_and_the_chain_verifies(runs):
+    from hybridtrain.audit_log import AuditLog
+
+    log = AuditLog.in_workspace(runs["root"])
+    report = log.verify()
+    assert report.ok, report.problems
+    records = list(log.records())
+    actions = [r.action for r in records]
+    for action in ("tier_promotion", "placement", "sync", "gate", "promotion", "release"):
+        assert action in actions, action
+    tiers = [(r.inputs["tier_from"], r.inputs["tier_to"]) for r in records if r.action == "tier_promotion"]
+    assert ("raw", "curated") in tiers and ("curated", "approved") in tiers
+    assert all(r.actor.startswith("prefect flow run") for r in records)
+
+
+def test_the_champion_is_released_signed_to_every_target(runs):
+    import json
+
+    from hybridtrain.bundle import ModelBundle
+    from hybridtrain.signing_key import VerifyKey
+
+    root = runs["root"]
+    onprem = root / ".hybridtrain" / "serving" / "onprem"
+    cloud = root / ".hybridtrain" / "stores" / "cloud-eu" / "releases"
+    for target in (onprem, cloud):
+        current = json.loads((target / "current" / "churn-classifier.json").read_text())
+        assert current["version"] == "2"
+    key = VerifyKey.from_pem((root / ".hybridtrain" / "keys" / "release.pub.pem").read_bytes())
+    bundle = ModelBundle(onprem / "versions" / "churn-classifier" / "2")
+    bundle.verify(key)
+    assert {tier: d.md5 for tier, d in bundle.datasets().items()} == runs["b"].datasets
+    assert not (onprem / "versions" / "churn-classifier" / "3").exists()  # not promoted, not released
+
+
+def test_ledger_is_attached_to_each_version_and_printed(runs):
+    from typer.testing import CliRunner
+
+    from hybridtrain.cli import app
+
+    tags = registry(runs["root"]).version("churn-classifier", "2").tags
+    assert float(tags["hybridtrain.cost.total_usd"]) == pytest.approx(runs["b"].cost_usd, abs=1e-6)  # tag: 6 decimals
+    out = CliRunner().invoke(app, ["ledger", "churn-classifier", "--home", str(runs["root"])])
+    assert out.exit_code == 0, out.output
+    assert "total" in out.output.lower() and "2" in out.output
+
+
+def test_rollback_moves_the_champion_back_everywhere(runs):
+    import json
+
+    from typer.testing import CliRunner
+
+    from hybridtrain.cli import app
+
+    root = runs["root"]
+    out = CliRunner().invoke(app, ["rollback", "churn-classifier", "--spec", str(root / "jobs" / "strong.yaml"),
+                                   "--home", str(root)])
+    assert out.exit_code == 0, out.output
+    reg = registry(root)
+    assert reg.by_alias("churn-classifier", "champion").version == "1"
+    for target in (root / ".hybridtrain" / "serving" / "onprem", root / ".hybridtrain" / "stores" / "cloud-eu" /
+                   "releases"):
+        assert json.loads((target / "current" / "churn-classifier.json").read_text())["version"] == "1"
+    from hybridtrain.audit_log import AuditLog
+
+    assert list(AuditLog.in_workspace(root).records())[-1].action == "rollback"
