@@ -63,7 +63,7 @@ def follow_moves(run: FlowRun, timeout_s: float) -> FlowRun:
 
 
 def run_stage(stage_flow: Flow, result_type: type[R], *, site: str, params: dict[str, Any], ws: Workspace,
-              run_id: str, mode: Mode, timeout_s: float) -> R:
+              run_id: str, mode: Mode, timeout_s: float, attempt: int = 1) -> R:
     """Run ``stage_flow`` for ``site``.
 
     ``inline`` calls it as a subflow in this process (the embedded default). ``pools`` creates a
@@ -82,7 +82,7 @@ def run_stage(stage_flow: Flow, result_type: type[R], *, site: str, params: dict
             "no worker of pool %r is online; %s waits until one starts (`prefect worker start --pool %s`)",
             pool, name, pool)
     run = run_deployment(name, parameters=payload, timeout=timeout_s, poll_interval=POLL_S,
-                         idempotency_key=f"{run_id}:{stage_flow.name}:{site}")
+                         idempotency_key=f"{run_id}:{stage_flow.name}:{site}:{attempt}")
     run = follow_moves(run, timeout_s)
     state = run.state
     if state is None or not state.is_final():

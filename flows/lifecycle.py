@@ -9,17 +9,19 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from prefect import flow, runtime, task
+from prefect import flow, pause_flow_run, runtime, task
+from prefect.input import RunInput
+from pydantic import Field
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.data import Prepared, prepare_data, sync_data
 from flows.dispatch import Mode, run_stage
-from flows.training import Trained, train_stage
+from flows.supervise import train_with_recovery
 from hybridtrain import stages
 from hybridtrain.registry import Registry
 from hybridtrain.spec import JobSpec, load_spec, parse_spec
 from hybridtrain.summary import RunSummary
-from blocks.site import with_site_secrets
+from flows.context import run_workspace
 from hybridtrain.workspace import Workspace
 from tasks.burst import Relocation
 from tasks.placement import place
@@ -36,6 +38,27 @@ def validate_spec(ws: Workspace, spec_path: str, spec: JobSpec | None) -> JobSpe
         return parse_spec(spec.to_dict(), source="spec parameter", sites=sites)
     path = Path(spec_path)
     return load_spec(path if path.is_absolute() else ws.root / path, sites)
+
+
+class Approval(RunInput):
+    """The reviewer's answer: approve (with your name) or reject the promotion."""
+
+    approve: bool = Field(description="Move the champion alias to this version?")
+    approved_by: str = Field(description="Who approves (recorded on the model version and in the audit log).")
+    note: str = ""
+
+
+def ask_approval(job: JobSpec, trained: stages.TrainOutput, evaluated: stages.EvaluateResult) -> str | None:
+    """Pause the flow run until a person approves or rejects in the Prefect UI (Resume form)."""
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in evaluated.metrics.items() if k in ("auc", "accuracy", "f1"))
+    text = (f"Approve promoting **{job.registry.model_name}** trained at {trained.site}? Test metrics: {metrics}; "
+            f"{evaluated.reason}.")
+    answer = pause_flow_run(wait_for_input=Approval.with_initial_data(description=text, approve=False,
+                                                                      approved_by=""),
+                            timeout=int(job.promotion.approval_timeout_s))
+    if not answer.approve:
+        return None  # the approval gate then fails and records the rejection
+    return answer.approved_by.strip() or None
 
 
 @flow(name="training-lifecycle", log_prints=True)
@@ -56,7 +79,7 @@ def lifecycle(
     dispatch: auto (stage deployments when they exist), inline (all in this process) or pools.
     """
     started = time.perf_counter()
-    ws = with_site_secrets(Workspace.resolve(workspace))
+    ws = run_workspace(workspace)
     job = validate_spec(ws, spec_path, spec)
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     run_id = open_run(ws, job, flow_run_id)
@@ -72,21 +95,24 @@ def lifecycle(
             synced = stages.SyncResult(dataset=anon.approved, transfer=None, site=site, seconds=0.0)
         else:
             synced = run_stage(sync_data, stages.SyncResult, site=data_site,
-                               params={"approved": anon.approved, "destination": site, "run_id": run_id},
+                               params={"approved": anon.approved, "destination": site, "run_id": run_id,
+                                       "spec": job},
                                ws=ws, run_id=run_id, mode=dispatch, timeout_s=limit_s)
         record_data(ws, job, run_id, prep, anon, synced)
-        out = run_stage(train_stage, Trained, site=site,
-                        params={"spec": job, "approved": synced.dataset, "site": site, "run_id": run_id,
-                                "run_key": run_key or flow_run_id or run_id},
-                        ws=ws, run_id=run_id, mode=dispatch, timeout_s=limit_s)
-        trained, evaluated = out.trained, out.evaluated
-        site = trained.site  # the burst controller may have moved the training elsewhere
+        supervised = train_with_recovery(ws, job, anon.approved, synced, decision, run_id,
+                                         run_key or flow_run_id or run_id, dispatch, limit_s)
+        trained, evaluated = supervised.out.trained, supervised.out.evaluated
+        decision = supervised.placement if supervised.placement.site == trained.site else decision
+        site = trained.site  # recovery or the burst controller may have moved the training elsewhere
         moved = stages.find_result(ws, run_id, "relocation", Relocation)
         lineage = stages.build_lineage(ws, job, prep, anon, synced, site, started, flow_run_id)
-        promoted = promote(ws, job, run_id, trained.model_uri, lineage, evaluated)
-        crossings = ([synced.transfer] if synced.transfer else []) + trained.transfers
+        crossings = ([synced.transfer] if synced.transfer else []) + supervised.transfers + trained.transfers
         if moved is not None and moved.transfer is not None:
             crossings.append(moved.transfer)
+        approved_by = ask_approval(job, trained, evaluated) if job.promotion.require_approval else None
+        actor = f"prefect flow run {flow_run_id}" if flow_run_id else "hybridtrain"
+        promoted = promote(ws, job, run_id, trained, decision.capacity_class, lineage, evaluated, crossings, actor,
+                           approved_by)
         close_run(ws, run_id, lineage, evaluated, promoted, crossings)
     except BaseException:
         Registry(ws.tracking_uri, ws.mlflow_artifacts).end_run(run_id, "FAILED")

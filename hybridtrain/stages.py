@@ -456,6 +456,20 @@ def move_checkpoint(ws: Workspace, spec: JobSpec, run_key: str, source: str,
         cost_usd=egress_cost(copy.bytes, src))
 
 
+def observed_preemption_rate(ws: Workspace, site: str, min_hours: float = 1.0) -> float | None:
+    """Preemptions per hour of training at ``site``, from the training attempts in the audit log
+    (``checkpoint.auto_interval`` derives the checkpoint interval from it); None until ``min_hours``
+    of training there have been observed."""
+    seconds, preempted = 0.0, 0
+    for record in audit(ws).records():
+        inputs = record.inputs or {}
+        if record.action == "training_attempt" and inputs.get("site") == site:
+            seconds += float(inputs.get("seconds") or 0.0)
+            preempted += record.outcome.startswith("preempted")
+    hours = seconds / 3600
+    return preempted / hours if hours >= min_hours else None
+
+
 def checkpoint_sites(ws: Workspace, spec: JobSpec, run_key: str) -> dict[str, int]:
     """Site → step of the newest complete checkpoint of ``run_key`` in its store (sites holding one,
     and reachable now). A resubmitted run uses it to find where its training got to."""

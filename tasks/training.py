@@ -2,24 +2,43 @@
 
 from __future__ import annotations
 
+import threading
+from contextlib import nullcontext
+
 from prefect import get_run_logger, task
 
 from hybridtrain import stages
 from hybridtrain.dvc_repo import DatasetVersion
+from hybridtrain.preemption import PreemptionNotice
 from hybridtrain.spec import JobSpec
 from hybridtrain.workspace import Workspace
 from tasks.retry import BACKOFF_S, only_transient
 
 
-@task(name="train", retries=2, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
+@task(name="train")
 def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run_id: str,
           run_key: str) -> stages.TrainOutput:
-    # A retry resumes from the newest valid checkpoint of the same run_key (and, on an SSH host,
-    # re-attaches to the job if it is still running there). Host log lines go to the run log.
-    return stages.train(ws, spec, approved, site, run_id, run_key, on_line=get_run_logger().info)
+    """Train (resuming the newest valid checkpoint of ``run_key``). No task retries: the lifecycle's
+    recovery (``hybridtrain.recovery``) decides after a preemption, a lost site or a failure.
+
+    In this process, SIGTERM/SIGUSR1 (a pool shutting the worker down, a spot notice) is a
+    preemption notice: the step in progress ends, a checkpoint is written and ``Preempted`` is
+    raised. On an SSH host the job traps them itself; its log lines go to the run log.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    with PreemptionNotice(spec.checkpoint.preemption_grace_s) if main else nullcontext() as notice:
+        rate = stages.observed_preemption_rate(ws, site) if spec.checkpoint.auto_interval else None
+        return stages.train(ws, spec, approved, site, run_id, run_key, on_line=get_run_logger().info,
+                            should_stop=notice, preemptions_per_hour=rate)
 
 
 @task(name="evaluate", retries=2, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
 def evaluate(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str,
              model_uri: str) -> stages.EvaluateResult:
     return stages.evaluate(ws, spec, approved, site, model_uri)
+
+
+@task(name="move-checkpoint", retries=2, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
+def move_checkpoint(ws: Workspace, spec: JobSpec, run_key: str, source: str, destination: str):
+    """Bring the run's newest valid checkpoint from ``source``'s store to ``destination``'s."""
+    return stages.move_checkpoint(ws, spec, run_key, source, destination)

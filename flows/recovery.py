@@ -1,0 +1,123 @@
+"""Recovery flow (scheduled): resubmit lifecycle runs that crashed or whose worker vanished, resuming them.
+
+Prefect does not retry a run whose infrastructure died (upstream issue #10211): the process
+worker marks it CRASHED and that is the end. Every few minutes this flow:
+
+1. finds lifecycle runs (flow ``training-lifecycle``) started from a deployment in the last
+   ``lookback_hours`` that are CRASHED, or RUNNING in a pool none of whose workers has sent a
+   heartbeat for ``heartbeat_timeout_s`` (the host went away with its worker) — those are marked
+   CRASHED first, with that reason;
+2. skips each one already recovered (tag ``hybridtrain:recovered``) or whose job has another run
+   active (scheduled, pending, running or paused) — no duplicate training; the train stage's
+   lease on the job (``flows.training``) guarantees it even against a race;
+3. resubmits it to its deployment with the same parameters and ``run_key`` (the crashed run's
+   own key, by default its id), so training resumes from its newest valid checkpoint wherever
+   that is (``flows.supervise`` moves it to the newly placed site), tagged
+   ``recovered-from:<id>`` and with an idempotency key so two recovery runs cannot both resubmit.
+
+Each decision is audited and listed in a table artifact.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterStartTime,
+                                            FlowRunFilterState, FlowRunFilterStateType)
+from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.deployments import run_deployment
+from prefect.states import Crashed
+
+from flows.context import run_workspace
+from hybridtrain import stages
+
+RECOVERED = "hybridtrain:recovered"
+ACTIVE = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED]
+
+
+def job_key(run: FlowRun) -> str:
+    """What identifies the job of a lifecycle run: its spec's name, else its spec file."""
+    p = run.parameters or {}
+    spec = p.get("spec")
+    if isinstance(spec, dict) and isinstance(spec.get("metadata"), dict):
+        return str(spec["metadata"].get("name"))
+    return str(p.get("spec_path", "jobs/churn.yaml"))
+
+
+def pool_silent_since(client: Any, pool: str | None, now: datetime, timeout_s: float) -> datetime | None:
+    """When the pool's last worker heartbeat was, if it is older than ``timeout_s`` (None: a worker is alive)."""
+    if not pool:
+        return None
+    workers = client.read_workers_for_work_pool(pool)
+    beats = [w.last_heartbeat_time for w in workers if w.last_heartbeat_time is not None]
+    last = max(beats) if beats else None
+    if last is not None and (now - last).total_seconds() <= timeout_s:
+        return None
+    return last or datetime.min.replace(tzinfo=UTC)
+
+
+@flow(name="recover-runs", log_prints=True)
+def recover_runs(workspace: str | None = None, flow_name: str = "training-lifecycle",
+                 heartbeat_timeout_s: float = 300.0, lookback_hours: float = 24.0,
+                 dry_run: bool = False) -> list[dict[str, str]]:
+    """Resubmit crashed or lost lifecycle runs with resume; returns one row per run looked at."""
+    log = get_run_logger()
+    ws = run_workspace(workspace)
+    now = datetime.now(UTC)
+    rows: list[dict[str, str]] = []
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CRASHED, StateType.RUNNING])),
+                start_time=FlowRunFilterStartTime(after_=now - timedelta(hours=lookback_hours))),
+            limit=200)
+        active = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=ACTIVE))),
+            limit=200)
+        for run in runs:
+            if RECOVERED in (run.tags or []):
+                continue
+            state = run.state.type if run.state else None
+            reason = f"crashed: {run.state.message}" if state == StateType.CRASHED and run.state.message else "crashed"
+            if state == StateType.RUNNING:
+                silent = pool_silent_since(client, run.work_pool_name, now, heartbeat_timeout_s)
+                if silent is None:
+                    continue  # alive, or not ours to judge (no pool)
+                seen = "never" if silent.year == 1 else f"{(now - silent).total_seconds():.0f} s ago"
+                reason = (f"heartbeat lost: no worker of pool {run.work_pool_name!r} has been alive for "
+                          f"{heartbeat_timeout_s:.0f} s (last heartbeat {seen})")
+            row = {"flow_run": str(run.id), "name": run.name, "job": job_key(run), "reason": reason}
+            others = [a for a in active if a.id != run.id and job_key(a) == row["job"]]
+            if run.deployment_id is None:
+                row["action"] = ("skipped: not started from a deployment; resume it with "
+                                 f"`hybridtrain run SPEC --run-key {(run.parameters or {}).get('run_key') or run.id}`")
+            elif others:
+                row["action"] = f"skipped: job already has an active run ({others[0].name}, {others[0].id})"
+            elif dry_run:
+                row["action"] = "would resubmit (dry run)"
+            else:
+                if state == StateType.RUNNING:
+                    client.set_flow_run_state(run.id, Crashed(message=reason), force=True)
+                params = {**(run.parameters or {})}
+                params["run_key"] = params.get("run_key") or str(run.id)
+                new = run_deployment(run.deployment_id, parameters=params, timeout=0,
+                                     tags=[t for t in (run.tags or []) if not t.startswith("recovered-from:")]
+                                     + [f"recovered-from:{run.id}"],
+                                     idempotency_key=f"recover:{run.id}")
+                client.update_flow_run(run.id, tags=[*(run.tags or []), RECOVERED])
+                active.append(new)
+                row["action"] = f"resubmitted as {new.name} ({new.id}), run_key {params['run_key']}"
+                row["resubmitted"] = str(new.id)
+            log.warning("%s (%s): %s -> %s", run.name, row["job"], reason, row["action"])
+            stages.audit(ws).append(actor=ws.actor, action="recovery", subject=f"job {row['job']}",
+                                    inputs={"flow_run": row["flow_run"], "reason": reason}, outcome=row["action"])
+            rows.append(row)
+    if rows:
+        create_table_artifact(rows, key="recovered-runs", description="Crashed or lost lifecycle runs and what was done")
+    return rows
