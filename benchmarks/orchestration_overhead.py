@@ -42,8 +42,8 @@ def make_workspace(base: Path, rows: int) -> Path:
     return ws_root
 
 
-def plain_lifecycle(ws, spec, key: bytes, run_key: str) -> None:
-    """The flow's stage sequence, as direct calls of the same core functions."""
+def plain_lifecycle(ws, spec, key: bytes, signing_pem: str, run_key: str) -> dict[str, float]:
+    """The flow's stage sequence, as direct calls of the same core functions; seconds per stage."""
     from hybridtrain import stages
 
     started = time.perf_counter()
@@ -51,16 +51,25 @@ def plain_lifecycle(ws, spec, key: bytes, run_key: str) -> None:
     prep = stages.preprocess(ws, spec)
     anon = stages.anonymize(ws, spec, prep.curated, key)
     decision = stages.place(ws, spec, anon.approved.size, None, datetime.now(UTC))
-    stages.record_placement(ws, run_id, decision)
+    stages.record_placement(ws, run_id, decision, spec.name)
     site = decision.site
-    synced = stages.sync(ws, anon.approved, site)
+    if site == spec.dataset.site:
+        synced = stages.SyncResult(dataset=anon.approved, transfer=None, site=site, seconds=0.0)
+    else:
+        synced = stages.sync(ws, anon.approved, site, spec)
     stages.record_data(ws, spec, run_id, prep, anon, synced)
+    stages.checkpoint_sites(ws, spec, run_key)  # as the supervised training does before its first attempt
     trained = stages.train(ws, spec, synced.dataset, site, run_id, run_key)
+    stages.audit(ws).append(actor="benchmark", action="training_attempt", subject=f"job {spec.name}",
+                            inputs={"mlflow_run_id": run_id, "site": site}, outcome="succeeded")
     evaluated = stages.evaluate(ws, spec, synced.dataset, site, trained.model_uri)
     lineage = stages.build_lineage(ws, spec, prep, anon, synced, site, started)
-    promoted = stages.promote(ws, spec, run_id, trained.model_uri, lineage, evaluated)
-    stages.close_run(ws, run_id, lineage, evaluated, promoted,
-                     [t for t in (synced.transfer, *trained.transfers) if t is not None])
+    crossings = [t for t in (synced.transfer, *trained.transfers) if t is not None]
+    promoted = stages.promote(ws, spec, run_id, trained, decision.capacity_class, lineage, evaluated, crossings,
+                              signing_pem, "benchmark")
+    stages.close_run(ws, run_id, lineage, evaluated, promoted, crossings)
+    return {"preprocess": prep.seconds, "anonymize": anon.seconds, "train": trained.seconds,
+            "evaluate": evaluated.seconds, "promote": promoted.seconds}
 
 
 def main() -> None:
@@ -75,7 +84,7 @@ def main() -> None:
         from prefect import flow, task
         from prefect.testing.utilities import prefect_test_harness
 
-        from blocks.register import ensure_pseudonym_key
+        from blocks.register import ensure_pseudonym_key, ensure_release_key, release_key_pem
         from flows.lifecycle import lifecycle
         from hybridtrain import stages
         from hybridtrain.spec import load_spec
@@ -97,21 +106,25 @@ def main() -> None:
         with prefect_test_harness(server_startup_timeout=120):
             ensure_pseudonym_key(ws.pseudonym_key_block)
             key = pseudonym_key(ws.pseudonym_key_block)
+            ensure_release_key(ws.release_key_block, ws.release_public_key)
+            signing = release_key_pem(ws.release_key_block)
             many(2)  # warm the client and the server
             t = time.perf_counter()
-            plain_lifecycle(ws, spec, key, "warmup")  # establishes the champion; not timed
+            plain_lifecycle(ws, spec, key, signing, "warmup")  # establishes the champion; not timed
             print(f"warm-up lifecycle (plain, untimed): {time.perf_counter() - t:.1f} s")
 
             plain, prefect = [], []
             for i in range(args.repeat):
                 t = time.perf_counter()
-                plain_lifecycle(ws, spec, key, f"plain-{i}")
+                plain_stages = plain_lifecycle(ws, spec, key, signing, f"plain-{i}")
                 plain.append(time.perf_counter() - t)
                 t = time.perf_counter()
-                lifecycle(spec_path="jobs/churn.yaml", workspace=str(ws_root), run_key=f"prefect-{i}",
-                          dispatch="inline")
+                summary = lifecycle(spec_path="jobs/churn.yaml", workspace=str(ws_root), run_key=f"prefect-{i}",
+                                    dispatch="inline")
                 prefect.append(time.perf_counter() - t)
-                print(f"repeat {i}: plain {plain[-1]:.2f} s, prefect {prefect[-1]:.2f} s")
+                flow_stages = {row.stage: row.seconds for row in summary.stages}
+                print(f"repeat {i}: plain {plain[-1]:.2f} s, prefect {prefect[-1]:.2f} s; stage seconds plain/prefect: "
+                      + ", ".join(f"{k} {v:.2f}/{flow_stages.get(k, float('nan')):.2f}" for k, v in plain_stages.items()))
 
             t = time.perf_counter()
             for i in range(args.tasks):
