@@ -66,7 +66,8 @@ def run_stage(stage_flow: Flow, result_type: type[R], *, site: str, params: dict
               run_id: str, mode: Mode, timeout_s: float, attempt: int = 1) -> R:
     """Run ``stage_flow`` for ``site``.
 
-    ``inline`` calls it as a subflow in this process (the embedded default). ``pools`` creates a
+    ``inline`` runs its body in this process, its tasks inside the calling flow run (the embedded
+    default). ``pools`` creates a
     run of its deployment for the site's pool and waits: the pool's worker executes it where the
     site is, and the result comes back through the lifecycle's MLflow run. ``auto`` uses the pool
     when that deployment exists (after ``make deploy``), inline otherwise.
@@ -74,7 +75,9 @@ def run_stage(stage_flow: Flow, result_type: type[R], *, site: str, params: dict
     pool = stages.load_sites(ws).get(site).work_pool
     name = deployment_name(stage_flow, pool)
     if mode == "inline" or (mode == "auto" and not has_deployment(name)):
-        return stage_flow(**params, workspace=str(ws.root))
+        # In this process the stage's tasks run inside the calling flow run: a subflow run would add
+        # ~1.2 s of Prefect bookkeeping per stage (benchmarks/orchestration_overhead.py) and nothing else.
+        return stage_flow.fn(**params, workspace=str(ws.root))
     payload = {k: v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v
                for k, v in params.items()}
     if not workers_online(pool):
