@@ -35,8 +35,7 @@ def drilled(tmp_path_factory):
 
 def scenario(report: DrillReport, name: str) -> ScenarioResult:
     (found,) = [s for s in report.scenarios if s.scenario == name]
-    if found.outcome == "skipped":
-        pytest.skip(found.notes[0])
+    # The test machine has sshd and moto (.ci/run installs them): a skipped scenario is a failure here.
     assert found.outcome == "ok", found.notes
     return found
 

@@ -40,6 +40,7 @@ import torch
 
 from hybridtrain import partitioned
 from hybridtrain.checkpoint import CheckpointInfo, CheckpointStore
+from hybridtrain.drill import wait_until as poll_until
 from hybridtrain.dvc_repo import DvcRepo
 from hybridtrain.errors import EXIT_PREEMPTED, Preempted, SiteUnavailable, is_retryable
 from hybridtrain.object_store import LocalObjectStore
@@ -74,15 +75,8 @@ FAST_SSH = Timeouts(connect=3, command=20, reconnect=3)
 
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = WAIT_S, every: float = 0.005) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
+    """The drill's poll-with-deadline (``hybridtrain.drill.wait_until``) with this file's bound."""
+    return poll_until(predicate, what, timeout=timeout, every=every)
 
 
 # -- training subprocesses ----------------------------------------------------------------------------
