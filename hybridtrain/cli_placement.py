@@ -141,7 +141,9 @@ def plan(
 
 def simulate(
     capacity: Annotated[list[int] | None, typer.Option(help="On-prem GPUs; repeat for several loads.")] = None,
-    load: Annotated[float | None, typer.Option(help="Instead of --capacity: demand ÷ on-prem GPUs.")] = None,
+    load: Annotated[list[float] | None, typer.Option(
+        help="Demand ÷ on-prem GPUs (the capacity follows); repeat for several loads. Default 1.1 when "
+             "neither --capacity nor --load is given.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the workload draws.")] = 2024,
     out: Annotated[Path, typer.Option(help="Directory for comparison.json/.csv/.png.")] = Path("benchmarks/out/simulate"),
     pods: Annotated[Path | None, typer.Option(help="Pod trace CSV (default: data/traces copy).")] = None,
@@ -150,8 +152,12 @@ def simulate(
     from hybridtrain.comparison import run_comparison, write_outputs
 
     try:
-        caps = capacity or [None]
-        reports = [run_comparison(c, load=None if c else (load or 1.1), seed=seed, pods=pods) for c in caps]
+        runs = [(c, None) for c in capacity or []] + [(None, x) for x in load or []]
+        for _, x in runs:
+            if x is not None and x <= 0:
+                raise SpecError("--load", [Problem("--load", f"{x} is not a load: give demand ÷ on-prem GPUs, > 0 "
+                                                             "(e.g. --load 1.1)")])
+        reports = [run_comparison(c, load=x, seed=seed, pods=pods) for c, x in runs or [(None, 1.1)]]
     except HybridtrainError as exc:
         raise fail(exc) from None
     for r in reports:

@@ -103,14 +103,34 @@ def test_plan_points_at_a_broken_policy_file(tmp_path):
 
 
 def test_simulate_writes_the_table_and_plot(tmp_path):
+    result = runner.invoke(app, ["simulate", "--capacity", "6", "--pods", str(small_pod_trace(tmp_path)),
+                                 "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    out = flat(result.output)
+    assert "ours" in out and "lower_bound" in out and "tuned on the first half" in out
+    assert {p.name for p in (tmp_path / "o").iterdir()} == {"comparison.json", "comparison.csv", "comparison.png"}
+
+
+def small_pod_trace(tmp_path):
     rows = list(csv.DictReader(POD_TRACE.open()))
     small = tmp_path / "pods.csv"
     with small.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(r for r in rows if float(r["creation_time"]) >= 12_500_000)
-    result = runner.invoke(app, ["simulate", "--capacity", "6", "--pods", str(small), "--out", str(tmp_path / "o")])
+    return small
+
+
+def test_simulate_runs_every_load_it_is_given(tmp_path):
+    result = runner.invoke(app, ["simulate", "--load", "0.8", "--load", "1.5", "--pods", str(small_pod_trace(tmp_path)),
+                                 "--out", str(tmp_path / "o")])
     assert result.exit_code == 0, result.output
-    out = flat(result.output)
-    assert "ours" in out and "lower_bound" in out and "tuned on the first half" in out
-    assert {p.name for p in (tmp_path / "o").iterdir()} == {"comparison.json", "comparison.csv", "comparison.png"}
+    reports = json.loads((tmp_path / "o" / "comparison.json").read_text())
+    ratios = [r["demand_ratio"] for r in reports]
+    assert len(ratios) == 2 and ratios[0] < 1.0 < 1.3 < ratios[1], ratios
+
+
+def test_simulate_refuses_a_load_that_is_not_positive(tmp_path):
+    result = runner.invoke(app, ["simulate", "--load", "0", "--pods", str(small_pod_trace(tmp_path))])
+    assert result.exit_code == 2 and "--load" in result.output and "> 0" in result.output
+    assert "Traceback" not in result.output
