@@ -3,11 +3,13 @@
 One training of a job at a time: the stage holds a lease on the job (a Prefect global concurrency
 limit ``train-<job>`` with one slot, renewed while the stage lives, expiring ``LEASE_S`` after its
 process dies), so a resubmitted or duplicated run waits for the first to end instead of training
-beside it. The holder is written to the Prefect variable ``train-lease-<job>``: a server without
-the lease reaper (the repossessor service does not run in ephemeral servers) leaves a dead
-holder's slot taken, so a waiting stage frees it itself once the holder's run (or the lifecycle
-above it) has ended and the lease is older than ``REAP_AFTER_S`` (its expiry plus the reaper's
-period). How an attempt ended is saved in the lifecycle run
+beside it. The holder and its lease id are written to the Prefect variable ``train-lease-<job>``
+when the lease is taken: a server without the lease reaper (the repossessor service does not run
+in ephemeral servers) leaves a dead holder's slot taken, so a waiting stage revokes that very lease
+itself once the holder's run (or the lifecycle above it) has ended and the lease is older than
+``REAP_AFTER_S`` (its expiry plus the reaper's period). Revoking by lease id never frees a slot
+somebody else holds, so the record is simply left behind on release (no extra write on the way out).
+How an attempt ended is saved in the lifecycle run
 (``train-attempt-<n>``), so the lifecycle can tell a preemption from a failure even when the
 stage ran in another worker's process.
 """
@@ -24,7 +26,10 @@ from prefect import flow, get_run_logger, runtime
 from prefect.variables import Variable
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-from prefect.concurrency.sync import concurrency
+# Pinned Prefect 3.8.8: the pieces of prefect.concurrency.sync.concurrency(), used directly for the lease id.
+from prefect.concurrency.context import ConcurrencyContext
+from prefect.concurrency._leases import maintain_concurrency_lease
+from prefect.concurrency._sync import acquire_concurrency_slots_with_lease, release_concurrency_slots_with_lease
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from pydantic import BaseModel
 
@@ -115,39 +120,59 @@ def holder_is_gone(record: dict) -> bool:
     return False
 
 
-def reap_dead_holder(job: str) -> str | None:
-    """Free the job's slot if its recorded holder has ended and its lease should have expired."""
+def reap_dead_holder(job: str, tried: set[str]) -> str | None:
+    """Revoke the recorded holder's lease if that holder has ended and its lease should have expired.
+
+    The record names the lease: revoking it is a no-op when that lease was released normally (the
+    slot is then held by a newer holder, whose record follows), so a live holder is never freed.
+    Each lease is revoked once (``tried``); after that the record is stale and the wait goes on.
+    """
     record = Variable.get(holder_name(job), default=None)
-    if not isinstance(record, dict):
+    if not isinstance(record, dict) or not record.get("lease_id") or record["lease_id"] in tried:
         return None
     age = (datetime.now(UTC) - datetime.fromisoformat(record["since"])).total_seconds()
     if age < REAP_AFTER_S or not holder_is_gone(record):
         return None
     with get_client(sync_client=True) as client:
-        client.release_concurrency_slots(names=[lease_name(job)], slots=1, occupancy_seconds=age)
-    Variable.unset(holder_name(job))
+        client.release_concurrency_slots_with_lease(UUID(record["lease_id"]))
+    tried.add(record["lease_id"])
     return f"freed the training lease of job {job!r}: its holder, flow run {record.get('flow_run')}, has ended"
 
 
+def release_lease(lease_id: UUID) -> None:
+    release_concurrency_slots_with_lease(lease_id)
+    ctx = ConcurrencyContext.get()  # released: the run's context need not release it again on exit
+    if ctx is not None and lease_id in ctx.cleanup_lease_ids:
+        ctx.cleanup_lease_ids.remove(lease_id)
+
+
 def acquire_lease(held: ExitStack, job: str) -> None:
-    """Take the job's training lease, waiting (and freeing a dead holder's) up to ``LEASE_WAIT_S``."""
+    """Take the job's training lease, waiting (and freeing a dead holder's) up to ``LEASE_WAIT_S``.
+
+    Prefect's ``concurrency()`` context manager does not expose the lease id, which the holder
+    record needs; this is its body (acquire, renew in the background, release) with the id kept.
+    """
     name = ensure_lease(job)
     deadline = time.monotonic() + LEASE_WAIT_S
+    tried: set[str] = set()
     while True:
         try:
-            held.enter_context(concurrency(name, occupy=1, lease_duration=LEASE_S, strict=True,
-                                           timeout_seconds=max(1.0, min(REAP_AFTER_S, 30.0, LEASE_WAIT_S))))
+            granted = acquire_concurrency_slots_with_lease(
+                [name], 1, lease_duration=LEASE_S, strict=True,
+                timeout_seconds=max(1.0, min(REAP_AFTER_S, 30.0, LEASE_WAIT_S)))
             break
         except TimeoutError as exc:
-            freed = reap_dead_holder(job)
+            freed = reap_dead_holder(job, tried)
             if freed:
                 get_run_logger().warning(freed)
             elif time.monotonic() >= deadline:
                 raise AlreadyTraining(job, LEASE_WAIT_S) from exc
+    held.callback(release_lease, granted.lease_id)
+    held.enter_context(maintain_concurrency_lease(granted.lease_id, LEASE_S, raise_on_lease_renewal_failure=True))
     root = runtime.flow_run.root_flow_run_id if hasattr(runtime.flow_run, "root_flow_run_id") else None
     Variable.set(holder_name(job), {"flow_run": str(runtime.flow_run.id or ""), "root_flow_run": str(root or ""),
-                                    "since": datetime.now(UTC).isoformat()}, overwrite=True)
-    held.callback(Variable.unset, holder_name(job))
+                                    "lease_id": str(granted.lease_id), "since": datetime.now(UTC).isoformat()},
+                 overwrite=True)
 
 
 @flow(name="train-stage", flow_run_name="train-{spec.metadata.name}-at-{site}", log_prints=True)

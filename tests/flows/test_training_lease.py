@@ -1,0 +1,93 @@
+"""The job's training lease: a dead holder's lease is revoked by the next stage, a live holder's never is."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+
+def ended_flow_run_id() -> str:
+    from prefect import flow
+
+    @flow
+    def finished() -> None:
+        return None
+
+    return str(finished(return_state=True).state_details.flow_run_id)
+
+
+def take_lease_without_a_run(job: str):
+    """A holder that will never release: acquired outside any flow run, as by a process since killed."""
+    from prefect.concurrency._sync import acquire_concurrency_slots_with_lease
+
+    from flows.training import LEASE_S, ensure_lease
+
+    return acquire_concurrency_slots_with_lease([ensure_lease(job)], 1, lease_duration=LEASE_S, strict=True)
+
+
+def record_holder(job: str, flow_run: str, lease_id) -> None:
+    from prefect.variables import Variable
+
+    from flows.training import holder_name
+
+    since = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
+    Variable.set(holder_name(job), {"flow_run": flow_run, "root_flow_run": "", "lease_id": str(lease_id),
+                                    "since": since}, overwrite=True)
+
+
+def active_slots(job: str) -> int:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_global_concurrency_limit_by_name(f"train-{job}").active_slots
+
+
+@pytest.fixture
+def quick_lease(monkeypatch):
+    import flows.training as training
+
+    monkeypatch.setattr(training, "REAP_AFTER_S", 1.0)
+    monkeypatch.setattr(training, "LEASE_WAIT_S", 3.0)
+    return training
+
+
+def test_a_dead_holders_lease_is_revoked_and_the_waiting_stage_trains(prefect_server, quick_lease):
+    from prefect import flow
+
+    job = "lease-dead-holder"
+    dead = take_lease_without_a_run(job)
+    record_holder(job, ended_flow_run_id(), dead.lease_id)
+
+    @flow
+    def second_training() -> int:
+        with ExitStack() as held:
+            quick_lease.acquire_lease(held, job)
+            return active_slots(job)
+
+    assert second_training() == 1  # the dead holder's slot was freed and this stage holds the only one
+    assert active_slots(job) == 0  # and released it on the way out
+
+
+def test_a_live_holder_is_never_freed_even_with_a_stale_record(prefect_server, quick_lease):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    job = "lease-live-holder"
+    released = take_lease_without_a_run(job)
+    with get_client(sync_client=True) as client:
+        client.release_concurrency_slots_with_lease(released.lease_id)
+    live = take_lease_without_a_run(job)  # a new holder that has not written its record yet
+    record_holder(job, ended_flow_run_id(), released.lease_id)  # the old holder's record, left behind
+
+    @flow
+    def duplicate_training() -> None:
+        with ExitStack() as held:
+            quick_lease.acquire_lease(held, job)
+
+    with pytest.raises(quick_lease.AlreadyTraining, match="already training in another run"):
+        duplicate_training()
+    assert active_slots(job) == 1  # the live holder keeps its lease
+    with get_client(sync_client=True) as client:
+        client.release_concurrency_slots_with_lease(live.lease_id)
