@@ -1,4 +1,9 @@
-"""Data stage flows, run in the work pool of the site holding the data: prepare (preprocess + anonymize) and sync."""
+"""Data stage flows, run in the work pool of the site holding the data: prepare (preprocess + anonymize) and sync.
+
+Each stage records its result in the lifecycle's MLflow run (``stages/<stage>.json``): that is how a
+result comes back from a pool's worker, and the run keeps it. It is a plain call, not a task: the
+MLflow client retries its own transient failures, and a task would only add Prefect bookkeeping.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,6 @@ from hybridtrain.dvc_repo import DatasetVersion
 from hybridtrain.spec import JobSpec
 from flows.context import run_workspace
 from tasks.data import anonymize, preprocess, sync
-from tasks.tracking import save_result
 
 
 class Prepared(BaseModel):
@@ -25,7 +29,7 @@ def prepare_data(spec: JobSpec, run_id: str, workspace: str | None = None) -> Pr
     prep = preprocess(ws, spec)
     anon = anonymize(ws, spec, prep.curated)
     out = Prepared(prep=prep, anon=anon)
-    save_result(ws, run_id, "prepare-data", out)
+    stages.save_result(ws, run_id, "prepare-data", out)
     return out
 
 
@@ -36,5 +40,5 @@ def sync_data(approved: DatasetVersion, destination: str, run_id: str, spec: Job
     job's data there); only missing objects move."""
     ws = run_workspace(workspace)
     out = sync(ws, approved, destination, spec)
-    save_result(ws, run_id, "sync-data", out)
+    stages.save_result(ws, run_id, "sync-data", out)
     return out

@@ -38,7 +38,6 @@ from hybridtrain.dvc_repo import DatasetVersion
 from hybridtrain.errors import HybridtrainError, Preempted, SiteUnavailable, is_retryable
 from hybridtrain.spec import JobSpec
 from flows.context import run_workspace
-from tasks.tracking import save_result
 from tasks.training import evaluate, train
 
 #: Seconds a dead holder keeps the job's lease (it is renewed while the holder lives; the server's minimum is 60).
@@ -185,8 +184,8 @@ def train_stage(spec: JobSpec, approved: DatasetVersion, site: str, run_id: str,
             trained = train(ws, spec, approved, site, run_id, run_key)
         evaluated = evaluate(ws, spec, approved, site, trained.model_uri)
     except Exception as exc:
-        save_result(ws, run_id, f"train-attempt-{attempt}", AttemptEnd.of(exc, site))
+        stages.save_result(ws, run_id, f"train-attempt-{attempt}", AttemptEnd.of(exc, site))
         raise
     out = Trained(trained=trained, evaluated=evaluated)
-    save_result(ws, run_id, "train-stage", out)
+    stages.save_result(ws, run_id, "train-stage", out)  # a plain call, as in flows.data
     return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from prefect import task
-from pydantic import BaseModel
 
 from blocks.register import release_key_pem
 from hybridtrain import stages
@@ -38,8 +37,3 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: stages.TrainOutp
 def close_run(ws: Workspace, run_id: str, lineage: Lineage, result: stages.EvaluateResult,
               promotion: stages.PromoteResult, transfers: list[TransferRecord] | None = None) -> None:
     stages.close_run(ws, run_id, lineage, result, promotion, transfers)
-
-
-@task(name="save-result", retries=3, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
-def save_result(ws: Workspace, run_id: str, stage: str, result: BaseModel) -> None:
-    stages.save_result(ws, run_id, stage, result)
