@@ -12,7 +12,7 @@ from pathlib import Path
 from prefect import flow, pause_flow_run, runtime, task
 from prefect.input import RunInput
 from pydantic import Field
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 
 from flows.data import Prepared, prepare_data, sync_data
 from flows.dispatch import Mode, run_stage
@@ -120,10 +120,6 @@ def lifecycle(
     summary = RunSummary.build(job=job.name, flow_run_id=flow_run_id, mlflow_run_id=run_id, prep=prep, anon=anon,
                                placement=decision, synced=synced, trained=trained, evaluated=evaluated,
                                promoted=promoted)
+    # One artifact: where each stage ran, datasets, metrics, gates and every site crossing.
     create_markdown_artifact(summary.to_markdown(), key=f"lifecycle-{job.name}", description="Lifecycle summary")
-    create_table_artifact([s.model_dump() for s in summary.stages], key=f"stages-{job.name}",
-                          description="Where each stage ran")
-    if summary.transfers:
-        create_table_artifact(summary.transfers, key=f"transfers-{job.name}",
-                              description="Every byte that crossed a site boundary")
     return summary

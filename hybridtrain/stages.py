@@ -778,6 +778,11 @@ class PlacementOutcome(BaseModel):
         lines += ["", "## Cost breakdown", ""] + [f"- {b}" for b in self.breakdown]
         if self.rejected:
             lines += ["", "## Rejected", ""] + [f"- {k}: {v}" for k, v in self.rejected.items()]
+        if self.candidates:
+            cols = list(self.candidates[0])
+            lines += ["", "## Every candidate", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            lines += ["| " + " | ".join(str(c.get(k, "")).replace("|", "\\|") for k in cols) + " |"
+                      for c in self.candidates]
         return "\n".join(lines)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 
 from hybridtrain import stages
 from hybridtrain.prefect_queues import PrefectQueues
@@ -22,8 +22,7 @@ def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, run_id: str,
     queues = PrefectQueues(stages.load_sites(ws)).snapshot(now)
     outcome = stages.place(ws, spec, dataset_bytes, queues, now, stages.estimate_run_hours(ws, spec), unavailable)
     stages.record_placement(ws, run_id, outcome, spec.name)
-    create_table_artifact(outcome.candidates, key=f"placement-{spec.name}",
-                          description=f"Placement candidates; chosen {outcome.site} ({outcome.capacity_class})")
-    create_markdown_artifact(outcome.to_markdown(), key=f"placement-why-{spec.name}",
-                             description="Why the engine chose this site")
+    create_markdown_artifact(outcome.to_markdown(), key=f"placement-{spec.name}",
+                             description=f"Why the engine chose {outcome.site} ({outcome.capacity_class}), "
+                                         "with every candidate")
     return outcome

@@ -130,13 +130,33 @@ def test_checkpoints_were_written_to_the_training_sites_store(runs):
     assert manifests and all(m.with_suffix(".pt").exists() for m in manifests)
 
 
-def test_summary_artifact_is_in_prefect(runs):
+def test_summary_and_placement_artifacts_are_in_prefect(runs):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    with get_client(sync_client=True) as client:
-        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["lifecycle-churn"])))
-    assert arts and "champion" in arts[0].data
+    def latest(key: str) -> str:
+        with get_client(sync_client=True) as client:
+            arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+        assert arts, key
+        return max(arts, key=lambda a: a.created).data
+
+    summary = latest("lifecycle-churn")
+    assert "champion" in summary and "| train | cloud-eu |" in summary and "## Site crossings" in summary
+    placement = latest("placement-churn")
+    assert "## Every candidate" in placement
+    for site in ("onprem-dc1", "cloud-eu"):
+        assert f"| {site} |" in placement, placement
+
+
+def test_each_stage_result_is_kept_in_the_lifecycle_run(runs):
+    from flows.data import Prepared
+    from flows.training import Trained
+    from hybridtrain import stages
+    from hybridtrain.workspace import Workspace
+
+    ws, run_id = Workspace.resolve(runs["root"]), runs["b"].mlflow_run_id
+    assert stages.load_result(ws, run_id, "prepare-data", Prepared).anon.approved.md5 == runs["b"].datasets["approved"]
+    assert stages.load_result(ws, run_id, "train-stage", Trained).evaluated.metrics["auc"] == runs["b"].metrics["auc"]
 
 
 def test_every_step_is_in_the_audit_log_and_the_chain_verifies(runs):
