@@ -7,7 +7,7 @@ costs. Each variant runs ``--repeat`` times, alternating; the
 best time of each is compared. A second measurement times trivial tasks to give the per-task
 overhead once the server is up.
 
-Usage: .venv/bin/python benchmarks/orchestration_overhead.py [--rows 200000] [--repeat 2]
+Usage: .venv/bin/python benchmarks/orchestration_overhead.py [--rows 200000] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def plain_lifecycle(ws, spec, key: bytes, signing_pem: str, run_key: str) -> dic
     run_id = stages.open_run(ws, spec, None)
     prep = stages.preprocess(ws, spec)
     anon = stages.anonymize(ws, spec, prep.curated, key)
-    decision = stages.place(ws, spec, anon.approved.size, None, datetime.now(UTC))
+    decision = stages.place(ws, spec, anon.approved.size, None, datetime.now(UTC), stages.estimate_run_hours(ws, spec))
     stages.record_placement(ws, run_id, decision, spec.name)
     site = decision.site
     if site == spec.dataset.site:
@@ -76,7 +76,7 @@ def plain_lifecycle(ws, spec, key: bytes, signing_pem: str, run_key: str) -> dic
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--tasks", type=int, default=200)
     args = ap.parse_args()
 
