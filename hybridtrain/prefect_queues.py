@@ -67,6 +67,10 @@ class PrefectQueues:
 
     def runs(self, pool: str) -> list[PoolRun]:
         """Waiting (scheduled, late, pending) and running train-stage runs of ``pool``."""
+        return self.runs_by_pool([pool]).get(pool, [])
+
+    def runs_by_pool(self, pools: list[str]) -> dict[str, list[PoolRun]]:
+        """The same for several pools, read in one paged query (not one per pool)."""
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import (
             FlowFilter,
@@ -86,16 +90,16 @@ class PrefectQueues:
                     flow_filter=FlowFilter(name=FlowFilterName(any_=[self.flow_name])),
                     flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
                         any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]))),
-                    work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool])),
+                    work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=sorted(set(pools)))),
                     limit=PAGE, offset=len(found),
                 )
                 found += page
                 if len(page) < PAGE:
                     break
-        out = []
+        out: dict[str, list[PoolRun]] = {pool: [] for pool in pools}
         for fr in found:
             state = fr.state
-            out.append(PoolRun(
+            out.setdefault(fr.work_pool_name or "", []).append(PoolRun(
                 run_id=str(fr.id),
                 state=state.type.value if state else "SCHEDULED",
                 state_name=state.name if state else "Scheduled",
@@ -112,8 +116,9 @@ class PrefectQueues:
         """One ``QueueState`` per site, in GPU slots, with the backlog in arrival order."""
         now = now or datetime.now(UTC)
         states: dict[str, QueueState] = {}
+        by_pool = self.runs_by_pool([site.work_pool for site in self.sites.sites])
         for site in self.sites.sites:
-            runs = self.runs(site.work_pool)
+            runs = by_pool[site.work_pool]
             running = [r for r in runs if r.state == "RUNNING"]
             # Future-scheduled runs are not queued yet; only due ones compete for slots now.
             waiting = [r for r in runs if r.state != "RUNNING"

@@ -88,6 +88,7 @@ def test_filled_onprem_pool_makes_the_next_job_burst(env, filled_pool):
     outcome, queues = decide(env)
     q = queues["onprem-dc1"]
     assert (q.running, q.gpus_in_use) == (2, 8)
+    assert (queues["cloud-eu"].running, queues["cloud-eu"].gpus_in_use) == (0, 0)  # one query, runs kept apart by pool
     assert outcome.site == "cloud-eu" and outcome.meets_deadline and outcome.needs_sync
     onprem = next(c for c in outcome.candidates if c["site"] == "onprem-dc1" and c["capacity"] == "fixed")
     assert onprem["meets_deadline"] == "no"  # it was allowed, but the queue would make it late
