@@ -39,10 +39,14 @@ def workspace(tmp_path: Path) -> Path:
 def prefect_server(tmp_path_factory) -> Iterator[str]:
     os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "hybridtrain")
-    from prefect.settings import PREFECT_API_URL
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=180):
+    # As Prefect's own test suite does: no flow-run heartbeats in tests. Nothing here consumes them,
+    # and Prefect 3.8 joins the heartbeat thread at the end of every flow run, which waits out its
+    # 1-s sleep (0.5 s per flow run on average).
+    with prefect_test_harness(server_startup_timeout=180), temporary_settings(
+            updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield PREFECT_API_URL.value()
 
 
