@@ -104,7 +104,8 @@ def lifecycle(
         trained, evaluated = supervised.out.trained, supervised.out.evaluated
         decision = supervised.placement if supervised.placement.site == trained.site else decision
         site = trained.site  # recovery or the burst controller may have moved the training elsewhere
-        moved = stages.find_result(ws, run_id, "relocation", Relocation)
+        # Only the burst controller relocates, and only runs waiting in a pool: inline, nothing moved.
+        moved = None if dispatch == "inline" else stages.find_result(ws, run_id, "relocation", Relocation)
         lineage = stages.build_lineage(ws, job, prep, anon, synced, site, started, flow_run_id)
         crossings = ([synced.transfer] if synced.transfer else []) + supervised.transfers + trained.transfers
         if moved is not None and moved.transfer is not None:
