@@ -23,7 +23,7 @@ Each class tells the orchestrator how to react:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -100,16 +100,33 @@ class LeakDetected(HybridtrainError):
 
 
 class NoFeasiblePlacement(HybridtrainError):
-    """No site may run the job; ``rejected`` maps each site to the rule that rejected it."""
+    """No site may run the job; ``rejected`` maps each site to the rule that rejected it.
+
+    ``rejected`` may be given as a function that builds it: it is called once, when first read.
+    The simulator and the burst controller catch thousands of these and read few, so neither the
+    per-candidate verdicts nor the message are built unless someone looks. Pickles as its values.
+    """
 
     exit_code = 5
 
-    def __init__(self, job: str, rejected: dict[str, str], hint: str = ""):
+    def __init__(self, job: str, rejected: Mapping[str, str] | Callable[[], Mapping[str, str]], hint: str = ""):
         self.job = job
-        self.rejected = dict(rejected)
         self.hint = hint
+        self._rejected = rejected if callable(rejected) else dict(rejected)
+        super().__init__(job, hint)
+
+    @property
+    def rejected(self) -> dict[str, str]:
+        if callable(self._rejected):
+            self._rejected = dict(self._rejected())
+        return self._rejected
+
+    def __reduce__(self):
+        return (type(self), (self.job, self.rejected, self.hint))
+
+    def __str__(self) -> str:
         lines = "\n".join(f"  - {site}: {why}" for site, why in sorted(self.rejected.items()))
-        super().__init__(f"no site may run job {job!r}{'; ' + hint if hint else ''}:\n{lines}")
+        return f"no site may run job {self.job!r}{'; ' + self.hint if self.hint else ''}:\n{lines}"
 
 
 class SiteUnavailable(HybridtrainError):

@@ -23,6 +23,7 @@ Decisions are cheap because the work is split by how often its inputs change:
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -463,7 +464,10 @@ class Placement:
         view = CandidateView(plan, conditions, request, now, due, self._slo_s, cap, self._restart_h)
         choice = strat.choose(view)
         if choice.pos < 0:
-            raise NoFeasiblePlacement(request.job, self.rejections(view, team_spend))
+            # Rejections are built only if read (callers that try many requests rarely read them);
+            # the spend seen is this decision's, even if the caller's mapping changes later.
+            raise NoFeasiblePlacement(request.job, partial(self.rejections, view,
+                                                           dict(team_spend) if team_spend else None))
         return PlacementDecision(self, view, choice.pos, strat.name, choice.reasons, team_spend, choice.urgent)
 
     # --- explain ---------------------------------------------------------------------------

@@ -130,6 +130,19 @@ def test_cost_caps_everywhere_raise_with_the_cap_rule(engine):
     assert info.value.rejected["onprem-dc1 (fixed)"].startswith("spec budget_usd: estimated $2.26 exceeds")
 
 
+def test_a_refusal_keeps_the_spend_it_was_decided_with_and_pickles_as_its_values(engine):
+    import pickle
+
+    spend = {"default": 0.0}
+    with pytest.raises(NoFeasiblePlacement) as info:
+        engine.decide(request(budget_usd=0.5), now=NOW, team_spend=spend)
+    spend["default"] = 1e9  # the caller's books move on; the refusal still says why it was refused then
+    err = info.value
+    assert err.rejected["onprem-dc1 (fixed)"].startswith("spec budget_usd: estimated $2.26 exceeds")
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.job, back.rejected, str(back)) == (err.job, err.rejected, str(err))
+
+
 def test_strategies_by_name(engine):
     req = request(deadline=NOW + 24 * H)
     q = busy(3.0)
