@@ -1052,62 +1052,91 @@ class LoopbackSshd:
         return None
 
     @classmethod
-    def start(cls, d: Path, timeout: float = 15.0) -> LoopbackSshd:
-        """Start sshd with fresh keys in ``d`` on a free loopback port; the login user is whoever runs the drill."""
+    def start(cls, d: Path, timeout: float = 15.0, port: int | None = None) -> LoopbackSshd:
+        """Start sshd with the keys in ``d`` (made on first use) on ``port`` (default: a free loopback port).
+
+        Starting again with the same ``d`` and port brings "the same host" back: same host key,
+        authorized key and working directory. The login user is whoever runs the drill.
+        """
         import pwd
 
         from hybridtrain.sites import SshHost
 
         d.mkdir(parents=True, exist_ok=True)
         for name in ("host_key", "user_key"):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hybridtrain-drill", "-f",
-                            str(d / name)], check=True, timeout=30, capture_output=True)
+            if not (d / name).exists():
+                keygen(d / name)
         (d / "authorized_keys").write_text((d / "user_key.pub").read_text())
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
         log_path = d / "sshd.log"
-        for _ in range(3):  # the free port may be taken between choosing and binding it
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
+        for _ in range(3):  # a free port may be taken between choosing and binding it
+            chosen = port or free_port()
             with open(log_path, "wb") as fh:
                 proc = subprocess.Popen(
                     [shutil.which("sshd") or SSHD, "-D", "-e", "-f", "/dev/null", f"-oHostKey={d / 'host_key'}",
-                     f"-oPidFile={d / 'sshd.pid'}", f"-oPort={port}", "-oListenAddress=127.0.0.1",
+                     f"-oPidFile={d / 'sshd.pid'}", f"-oPort={chosen}", "-oListenAddress=127.0.0.1",
                      f"-oAuthorizedKeysFile={d / 'authorized_keys'}", "-oPasswordAuthentication=no",
                      "-oKbdInteractiveAuthentication=no", "-oUsePAM=no", "-oStrictModes=no",
                      "-oPermitRootLogin=prohibit-password", "-oSubsystem=sftp internal-sftp"],
                     stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            if _listening(port, proc, timeout):
+            if _listening(chosen, proc, timeout):
                 break
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
-            if "Address already in use" not in log_path.read_text():
-                raise DrillFailed(f"sshd did not start: {log_path.read_text()[-2000:]}")
+            if "Address already in use" not in log_path.read_text() or port is not None:
+                raise DrillFailed(f"sshd did not start on port {chosen}: {log_path.read_text()[-2000:]}")
         else:
             raise DrillFailed(f"sshd found no free port: {log_path.read_text()[-2000:]}")
-        kind, b64 = (d / "host_key.pub").read_text().split()[:2]
         workdir = d / "work"
         workdir.mkdir(exist_ok=True)
-        host = SshHost(hostname="127.0.0.1", port=port, username=pwd.getpwuid(os.getuid()).pw_name, gpus=0,
+        host = SshHost(hostname="127.0.0.1", port=chosen, username=pwd.getpwuid(os.getuid()).pw_name, gpus=0,
                        workdir=str(workdir), python=sys.executable)
         return cls(proc=proc, host=host, private_key=(d / "user_key").read_text(),
-                   known_hosts=f"[127.0.0.1]:{port} {kind} {b64}\n")
+                   known_hosts=known_host_line(d / "host_key.pub", chosen))
 
     def stop(self) -> None:
         """Stop the listener, then every connection it was serving (a stopped host has none)."""
-        children = [pid for pid in _pids() if _ppid(pid) == self.proc.pid]
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        for pid in children:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        stop_with_children(self.proc)
+
+
+def keygen(path: Path) -> None:
+    """A passphrase-less ed25519 key pair at ``path`` and ``path.pub``."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hybridtrain-loopback", "-f", str(path)],
+                   check=True, timeout=30, capture_output=True)
+
+
+def known_host_line(pub: Path, port: int) -> str:
+    """The known_hosts line for a loopback host on ``port`` whose host key is ``pub``."""
+    kind, b64 = pub.read_text().split()[:2]
+    return f"[127.0.0.1]:{port} {kind} {b64}\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (e.g. sshd's per-connection processes)."""
+    return [p for p in _pids() if _ppid(p) == pid]
+
+
+def stop_with_children(proc: subprocess.Popen) -> None:
+    """Terminate ``proc`` (kill it after 10 s), then SIGKILL the children it had: they outlive it otherwise."""
+    children = child_pids(proc.pid)
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    for pid in children:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _listening(port: int, proc: subprocess.Popen, timeout: float) -> bool:

@@ -1,72 +1,29 @@
 """MotoS3Server: a moto S3 server on loopback that a test can stop hard and start again on the same port.
 
-``ThreadedMotoServer.stop()`` only stops accepting: live keep-alive connections keep being
-served and the listening socket stays open. ``stop()`` here also closes the listener and cuts
-every live connection, which is what a crashed or stopped S3 server looks like to a client
-(connection reset mid-request, then connection refused). moto keeps its state in process, so
-after ``start()`` the buckets are still there — like a real server with durable storage.
+It is the drill's ``hybridtrain.drill.LoopbackS3`` (``stop()`` closes the listener and cuts every
+live connection, which is what a crashed or stopped S3 server looks like to a client: connection
+reset mid-request, then connection refused; moto keeps its state in process, so after ``start()``
+the buckets are still there) plus what tests need: ``reset()`` and ``enforce_auth()``.
 """
 
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from moto.moto_server.threaded_moto_server import ThreadedMotoServer
-from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-from werkzeug.serving import make_server
+from hybridtrain.drill import LoopbackS3
 
 ACCESS_KEY = "testing"
 SECRET_KEY = "testing"
 REGION = "us-east-1"
 
 
-class _TrackingHandler(MotoRequestHandler):
-    """Remembers its connection while it serves it, so ``stop()`` can cut it."""
-
-    def setup(self) -> None:
-        super().setup()
-        self.server.live.add(self.connection)  # type: ignore[attr-defined]
-
-    def finish(self) -> None:
-        self.server.live.discard(self.connection)  # type: ignore[attr-defined]
-        super().finish()
-
-
-class MotoS3Server(ThreadedMotoServer):
+class MotoS3Server(LoopbackS3):
     def __init__(self, port: int = 0):
-        super().__init__(ip_address="127.0.0.1", port=port, verbose=False)
-
-    def _server_entry(self) -> None:
-        app = DomainDispatcherApplication(create_backend_app)
-        self._server = make_server(self._ip_address, self._port, app, True, request_handler=_TrackingHandler)
-        self._server.live = set()  # type: ignore[attr-defined]
-        self._port = self._server.server_address[1]  # a restart binds the same port
-        self._server_ready_event.set()
-        self._server.serve_forever(poll_interval=0.05)
-
-    def stop(self) -> None:
-        server = self._server
-        self._server_ready_event.clear()
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        for conn in list(server.live):  # type: ignore[attr-defined]
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:  # the handler closed it in the meantime: already cut
-                continue
-        assert self._thread is not None
-        self._thread.join(timeout=10)
-
-    @property
-    def url(self) -> str:
-        host, port = self.get_host_and_port()
-        return f"http://{host}:{port}"
+        super().__init__()
+        self.port = port
 
     def _post(self, path: str, body: bytes = b"") -> dict:
         req = urllib.request.Request(f"{self.url}{path}", data=body, method="POST",
