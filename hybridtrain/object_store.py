@@ -129,7 +129,10 @@ class LocalObjectStore:
                 continue
             key = path.relative_to(self.root).as_posix()
             if key.startswith(prefix):
-                out.append(self._info(key, path))
+                try:
+                    out.append(self._info(key, path))
+                except FileNotFoundError:
+                    continue  # deleted since the directory was read (a writer pruning old checkpoints)
         return sorted(out, key=lambda o: o.key)
 
     def delete(self, key: str) -> None:

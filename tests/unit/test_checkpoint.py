@@ -174,3 +174,23 @@ def test_invalid_arguments(objects):
         CheckpointStore(objects, "/", keep_last=1)
     with pytest.raises(ValueError):
         CheckpointStore(objects, "p", keep_last=0)
+
+
+def test_listing_while_the_writer_prunes_skips_what_it_deleted(tmp_path):
+    class PrunedMidListing(LocalObjectStore):
+        """The writer deletes a checkpoint between this reader's directory walk and its stat()."""
+
+        listing = False
+
+        def _info(self, key, path):
+            if self.listing and key.endswith("ckpt-000000000010-000.pt"):
+                path.unlink()
+            return super()._info(key, path)
+
+    objects = PrunedMidListing(tmp_path / "store")
+    ckpts = CheckpointStore.for_run(objects, "churn", "run-1", keep_last=10)
+    for step in (10, 20):
+        ckpts.save(state(step), step)
+    objects.listing = True
+    assert [c.step for c in ckpts.list()] == [20]  # no FileNotFoundError; the pruned one is simply gone
+    assert ckpts.latest_valid()[1].step == 20
