@@ -23,10 +23,10 @@ Decisions are cheap because the work is split by how often its inputs change:
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 from hybridtrain.cost_model import CostModel, Estimate, spot_split

@@ -67,7 +67,7 @@ class PrefectQueues:
 
     def runs(self, pool: str) -> list[PoolRun]:
         """Waiting (scheduled, late, pending) and running train-stage runs of ``pool``."""
-        return self.runs_by_pool([pool]).get(pool, [])
+        return self.runs_by_pool([pool])[pool]
 
     def runs_by_pool(self, pools: list[str]) -> dict[str, list[PoolRun]]:
         """The same for several pools, read in one paged query (not one per pool)."""
