@@ -8,7 +8,7 @@ never as a traceback or only the first error.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,7 +55,7 @@ def _line_index(text: str) -> dict[tuple[Any, ...], int]:
     return index
 
 
-def _nearest_line(index: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int | None:
+def _nearest_line(index: Mapping[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int | None:
     for cut in range(len(loc), -1, -1):
         if loc[:cut] in index:
             return index[loc[:cut]]
@@ -63,7 +63,7 @@ def _nearest_line(index: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> in
 
 
 def problems_from_validation_error(
-    err: ValidationError, lines: dict[tuple[Any, ...], int] | None = None
+    err: ValidationError, lines: Mapping[tuple[Any, ...], int] | None = None
 ) -> list[Problem]:
     """One ``Problem`` per pydantic error, with the field path and (when known) its line."""
     problems = []
@@ -82,14 +82,44 @@ def problems_from_validation_error(
     return problems
 
 
-def read_yaml(path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:
+class LineIndex(Mapping[tuple[Any, ...], int]):
+    """``_line_index`` of a document, built on first lookup: only a file with a problem needs it."""
+
+    def __init__(self, text: str):
+        self._text = text
+        self._index: dict[tuple[Any, ...], int] | None = None
+
+    def _built(self) -> dict[tuple[Any, ...], int]:
+        if self._index is None:
+            self._index = _line_index(self._text)
+        return self._index
+
+    def __getitem__(self, key: tuple[Any, ...]) -> int:
+        return self._built()[key]
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
+
+
+# libyaml's parser when PyYAML has it (~10x faster: specs and catalogs are read at every stage);
+# a document it refuses is parsed again by the pure-Python one, whose messages say more.
+_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def read_yaml(path: Path) -> tuple[Any, Mapping[tuple[Any, ...], int]]:
     """Parse a YAML file; raise ``SpecError`` naming the file and line for missing/unparsable files."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(str(path), [Problem("", "file not found; check the path")])
     text = path.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
+        try:
+            data = yaml.load(text, Loader=_FAST_LOADER)
+        except yaml.YAMLError:
+            data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -97,7 +127,7 @@ def read_yaml(path: Path) -> tuple[Any, dict[tuple[Any, ...], int]]:
         raise SpecError(str(path), [Problem("", f"not valid YAML: {problem}", line)]) from None
     if data is None:
         raise SpecError(str(path), [Problem("", "file is empty; expected a YAML mapping")])
-    return data, _line_index(text)
+    return data, LineIndex(text)
 
 
 def load_model(
@@ -116,7 +146,7 @@ def validate_data(
     data: Any,
     *,
     source: str,
-    lines: dict[tuple[Any, ...], int] | None = None,
+    lines: Mapping[tuple[Any, ...], int] | None = None,
     semantic: Callable[[M], list[Problem]] | None = None,
 ) -> M:
     """Validate already-parsed data (e.g. a spec passed as a Prefect parameter)."""
