@@ -72,9 +72,12 @@ def run_stage(stage_flow: Flow, result_type: type[R], *, site: str, params: dict
     site is, and the result comes back through the lifecycle's MLflow run. ``auto`` uses the pool
     when that deployment exists (after ``make deploy``), inline otherwise.
     """
-    pool = stages.load_sites(ws).get(site).work_pool
-    name = deployment_name(stage_flow, pool)
-    if mode == "inline" or (mode == "auto" and not has_deployment(name)):
+    inline = mode == "inline"
+    if not inline:
+        pool = stages.load_sites(ws).get(site).work_pool
+        name = deployment_name(stage_flow, pool)
+        inline = mode == "auto" and not has_deployment(name)
+    if inline:
         # In this process the stage's tasks run inside the calling flow run: a subflow run would add
         # ~1.2 s of Prefect bookkeeping per stage (benchmarks/orchestration_overhead.py) and nothing else.
         return stage_flow.fn(**params, workspace=str(ws.root))
