@@ -42,9 +42,8 @@ def prefect_server(tmp_path_factory) -> Iterator[str]:
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    # As Prefect's own test suite does: no flow-run heartbeats in tests. Nothing here consumes them,
-    # and Prefect 3.8 joins the heartbeat thread at the end of every flow run, which waits out its
-    # 1-s sleep (0.5 s per flow run on average).
+    # As Prefect's own test suite does: no flow-run heartbeats in tests (one thread and one event per
+    # flow run that nothing here reads). tests/flows/test_prefect_compat.py turns them on to test them.
     with prefect_test_harness(server_startup_timeout=180), temporary_settings(
             updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield PREFECT_API_URL.value()

@@ -1,0 +1,126 @@
+"""The flow-run heartbeat fix: heartbeats are still sent, and stop as soon as the run ends."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class FakeEngine:
+    """Stands in for Prefect's flow run engine: records the heartbeats the context sends."""
+
+    def __init__(self, seconds: int | None, final: bool = False):
+        self.heartbeat_seconds = seconds
+        self.flow_run = SimpleNamespace(state=SimpleNamespace(is_final=lambda: final))
+        self.logger = SimpleNamespace(debug=lambda *a, **k: None)
+        self.beats: list[float] = []
+        self.first = threading.Event()
+
+    def _build_heartbeat_event_template(self):
+        return {"prefect.resource.id": "prefect.flow-run.test"}, []
+
+    def _emit_flow_run_heartbeat(self, resource, related):
+        assert resource == {"prefect.resource.id": "prefect.flow-run.test"}
+        self.beats.append(time.monotonic())
+        self.first.set()
+
+
+def heartbeat_threads() -> list[threading.Thread]:
+    from flows.prefect_compat import THREAD_NAME
+
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME and t.is_alive()]
+
+
+def test_fix_is_active_on_the_pinned_prefect():
+    """Fails after a Prefect upgrade: read its heartbeat code again, then extend or drop the fix."""
+    from prefect import flow_engine
+
+    from flows import prefect_compat
+
+    assert prefect_compat.install() is True
+    assert flow_engine._send_heartbeats is prefect_compat.send_heartbeats
+
+
+def test_heartbeats_repeat_each_interval_and_stop_with_the_run(monkeypatch):
+    from prefect import flow_engine
+
+    from flows.prefect_compat import send_heartbeats
+
+    monkeypatch.setattr(flow_engine, "MINIMUM_HEARTBEAT_INTERVAL", 0)  # Prefect's floor is 30 s
+    engine = FakeEngine(seconds=1)
+    with send_heartbeats(engine):
+        assert engine.first.wait(10), "no heartbeat at the start of the run"
+        wait_for(lambda: len(engine.beats) >= 2, 10, "a second heartbeat one interval later")
+    sent = len(engine.beats)
+    assert engine.beats[1] - engine.beats[0] >= 0.9
+    assert heartbeat_threads() == []  # so nothing can be sent after the run ended
+    assert len(engine.beats) == sent
+
+
+def test_a_long_interval_does_not_hold_the_end_of_the_run():
+    from flows.prefect_compat import send_heartbeats
+
+    engine = FakeEngine(seconds=3600)
+    with send_heartbeats(engine):
+        assert engine.first.wait(10)
+    # The exit joins for at most 2 s: a thread still sleeping out its interval would be alive here.
+    assert heartbeat_threads() == []
+    assert len(engine.beats) == 1
+
+
+def test_no_heartbeat_once_the_run_is_final_or_when_turned_off():
+    from flows.prefect_compat import send_heartbeats
+
+    final = FakeEngine(seconds=30, final=True)
+    with send_heartbeats(final):
+        wait_for(lambda: not heartbeat_threads(), 10, "the heartbeat thread to see the final state")
+    assert final.beats == []
+
+    off = FakeEngine(seconds=None)
+    with send_heartbeats(off):
+        assert heartbeat_threads() == []
+    assert off.beats == []
+
+
+def test_a_real_flow_run_sends_its_heartbeat_to_the_server(prefect_server):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    import flows  # noqa: F401  (as importing any of our flows does: installs the fix)
+
+    seen_during_run: list[int] = []
+
+    @flow
+    def beating() -> None:
+        seen_during_run.append(len(heartbeat_threads()))
+
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
+        state = beating(return_state=True)
+    assert state.is_completed()
+    assert seen_during_run == [1]
+    assert heartbeat_threads() == []
+    run_id = state.state_details.flow_run_id
+    wanted = EventFilter(event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
+                         resource=EventResourceFilter(id=[f"prefect.flow-run.{run_id}"]))
+
+    def heartbeats():
+        with get_client(sync_client=True) as client:
+            return client.read_events(filter=wanted, limit=10).events  # the server caps a page at 50
+
+    events = wait_for(heartbeats, 60, f"the heartbeat event of flow run {run_id} on the server")
+    assert events[0].resource.id == f"prefect.flow-run.{run_id}"
