@@ -57,7 +57,6 @@ step 112; a new process starts, fetches the data, resumes from step 100 and comp
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -1124,13 +1123,17 @@ def child_pids(pid: int) -> list[int]:
     return [p for p in _pids() if _ppid(p) == pid]
 
 
-def stop_with_children(proc: subprocess.Popen) -> None:
-    """Terminate ``proc`` (kill it after 10 s), then SIGKILL the children it had: they outlive it otherwise."""
-    children = child_pids(proc.pid)
-    if proc.poll() is None:
-        proc.terminate()
+def stop_with_children(*procs: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Terminate each of ``procs`` at once, SIGKILL what is left after ``grace_s`` (one grace for all),
+    then SIGKILL the children they had: those outlive them otherwise."""
+    children = [pid for proc in procs for pid in child_pids(proc.pid)]
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)

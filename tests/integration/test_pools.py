@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hybridtrain.drill import stop_with_children
 from hybridtrain.workspace import Workspace
 from tests.conftest import ROOT
 from tests.flows.conftest import build_workspace, spec_writer
@@ -83,13 +84,8 @@ def pools(prefect_server, pseudonym_key, sshd, s3_server, tmp_path_factory):
         wait_for_workers(["onprem", "cloud"], procs, logs)
         yield {"ws": ws, "write": spec_writer(root), "logs": logs, "sshd": sshd}
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        # A worker's graceful stop is not under test; in a long session it sometimes took 30 s.
+        stop_with_children(*procs)
 
 
 def stage_runs(summary) -> dict[str, str]:

@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from hybridtrain.drill import stop_with_children
 from tests.flows.conftest import build_workspace, spec_writer
 from tests.integration.test_faults import wait_until as wait_for
 
@@ -222,8 +222,4 @@ def test_a_crashed_lifecycle_run_is_resubmitted_once_and_resumes(workspace, pref
         assert 25 <= trained["resumed_from_step"] <= killed_at and trained["run_key"] == key
         assert "freed the training lease of job 'churn'" in log.read_text()
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        stop_with_children(worker)

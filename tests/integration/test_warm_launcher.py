@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from hybridtrain.drill import stop_with_children
 from tests.conftest import ROOT
 from tests.integration import warm_flows
 
@@ -149,14 +150,7 @@ def warm(prefect_server, tmp_path_factory):
         wait_for("worker online and 2 ready spares", online, START_TIMEOUT_S, interval_s=0.25, diagnostics=diagnostics)
         yield ctx
     finally:
-        for proc in (worker, daemon):
-            proc.terminate()
-        for proc in (worker, daemon):
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop_with_children(worker, daemon)
         for fh in fhs:
             fh.close()
 
