@@ -3,9 +3,9 @@
 Same data, same process, one run. The Prefect server is started (and warmed up) before timing,
 one untimed plain lifecycle establishes a champion so both timed variants do identical work
 (including the champion comparison), and one untimed flow run pays the process's one-time Prefect
-costs. Each variant runs ``--repeat`` times, alternating (plain then Prefect, back to back). The
-headline is the median of the per-pair ratios: on this VM a single lifecycle varies by ±15 %
-between runs, so the ratio of the two best times swings both ways (0.98 to 1.22 seen on the same
+costs. Each variant runs ``--repeat`` times in back-to-back pairs, plain first in even pairs and
+Prefect first in odd ones. The headline is the median of the per-pair ratios: on this VM a single
+lifecycle varies by ±15 % between runs, so the ratio of the two best times swings both ways (0.98 to 1.22 seen on the same
 code) while the paired median holds. The best-of ratio and the seconds spent outside the five
 stages in each path are printed too, and a few more pairs run with Prefect's own flow-run heartbeat
 code instead of the fix in ``flows/prefect_compat.py`` (its thread holds the end of every flow run
@@ -166,15 +166,27 @@ def main() -> None:
             def pairs(n: int, tag: str) -> tuple[list[float], list[float], list[float], list[float]]:
                 plain, prefect, outside_plain, outside_prefect = [], [], [], []
                 for i in range(n):
-                    t = time.perf_counter()
-                    plain_stages = plain_lifecycle(ws, spec_path, key, signing, f"plain-{tag}{i}")
-                    plain.append(time.perf_counter() - t)
-                    outside_plain.append(plain[-1] - sum(plain_stages.values()))
-                    t = time.perf_counter()
-                    summary = lifecycle(spec_path="jobs/churn.yaml", workspace=str(ws_root),
-                                        run_key=f"prefect-{tag}{i}", dispatch="inline")
-                    prefect.append(time.perf_counter() - t)
-                    flow_stages = {row.stage: row.seconds for row in summary.stages}
+                    def run_plain() -> dict[str, float]:
+                        t = time.perf_counter()
+                        stage_s = plain_lifecycle(ws, spec_path, key, signing, f"plain-{tag}{i}")
+                        plain.append(time.perf_counter() - t)
+                        outside_plain.append(plain[-1] - sum(stage_s.values()))
+                        return stage_s
+
+                    def run_prefect() -> dict[str, float]:
+                        t = time.perf_counter()
+                        summary = lifecycle(spec_path="jobs/churn.yaml", workspace=str(ws_root),
+                                            run_key=f"prefect-{tag}{i}", dispatch="inline")
+                        prefect.append(time.perf_counter() - t)
+                        return {row.stage: row.seconds for row in summary.stages}
+
+                    # Alternate which goes first: the second of a pair runs in a warmer process (and
+                    # after the first one's garbage), which must not favour either side.
+                    if i % 2 == 0:
+                        plain_stages, flow_stages = run_plain(), run_prefect()
+                    else:
+                        flow_stages = run_prefect()
+                        plain_stages = run_plain()
                     outside_prefect.append(prefect[-1] - sum(flow_stages.get(k, 0.0) for k in plain_stages))
                     print(f"repeat {tag}{i}: plain {plain[-1]:.2f} s, prefect {prefect[-1]:.2f} s; stage seconds "
                           "plain/prefect: " + ", ".join(f"{k} {v:.2f}/{flow_stages.get(k, float('nan')):.2f}"
