@@ -5,12 +5,12 @@ one untimed plain lifecycle establishes a champion so both timed variants do ide
 (including the champion comparison), and one untimed flow run pays the process's one-time Prefect
 costs. Each variant runs ``--repeat`` times in back-to-back pairs, plain first in even pairs and
 Prefect first in odd ones. The headline is the median of the per-pair ratios: on this VM a single
-lifecycle varies by ±15 % between runs, so the ratio of the two best times swings both ways (0.98 to 1.22 seen on the same
-code) while the paired median holds. The best-of ratio and the seconds spent outside the five
-stages in each path are printed too, and a few more pairs run with Prefect's own flow-run heartbeat
-code instead of the fix in ``flows/prefect_compat.py`` (its thread holds the end of every flow run
-0-1 s), to show what that fix is worth (those pairs are not in the headline). A second measurement
-times trivial tasks to give the per-task overhead once the server is up.
+lifecycle varies by ±15 % between runs, so the ratio of the two best times swings both ways (0.98
+to 1.22 seen on the same code) while the paired median holds. The best-of ratio and the seconds
+spent outside the five stages in each path are printed too, and a few more pairs run with Prefect's
+own flow-run heartbeat code instead of the fix in ``flows/prefect_compat.py`` (its thread holds the
+end of every flow run 0-1 s), to show what that fix is worth (those pairs are not in the headline).
+A second measurement times trivial tasks to give the per-task overhead once the server is up.
 
 Usage: .venv/bin/python benchmarks/orchestration_overhead.py [--rows 200000] [--repeat 5]
 """
@@ -163,32 +163,33 @@ def main() -> None:
             lifecycle(spec_path="jobs/churn.yaml", workspace=str(ws_root), run_key="warmup-prefect", dispatch="inline")
             print(f"warm-up lifecycle (Prefect, untimed): {time.perf_counter() - t:.1f} s")
 
+            def timed_plain(run_key: str) -> tuple[float, dict[str, float]]:
+                t = time.perf_counter()
+                stage_s = plain_lifecycle(ws, spec_path, key, signing, run_key)
+                return time.perf_counter() - t, stage_s
+
+            def timed_prefect(run_key: str) -> tuple[float, dict[str, float]]:
+                t = time.perf_counter()
+                summary = lifecycle(spec_path="jobs/churn.yaml", workspace=str(ws_root), run_key=run_key,
+                                    dispatch="inline")
+                return time.perf_counter() - t, {row.stage: row.seconds for row in summary.stages}
+
             def pairs(n: int, tag: str) -> tuple[list[float], list[float], list[float], list[float]]:
                 plain, prefect, outside_plain, outside_prefect = [], [], [], []
                 for i in range(n):
-                    def run_plain() -> dict[str, float]:
-                        t = time.perf_counter()
-                        stage_s = plain_lifecycle(ws, spec_path, key, signing, f"plain-{tag}{i}")
-                        plain.append(time.perf_counter() - t)
-                        outside_plain.append(plain[-1] - sum(stage_s.values()))
-                        return stage_s
-
-                    def run_prefect() -> dict[str, float]:
-                        t = time.perf_counter()
-                        summary = lifecycle(spec_path="jobs/churn.yaml", workspace=str(ws_root),
-                                            run_key=f"prefect-{tag}{i}", dispatch="inline")
-                        prefect.append(time.perf_counter() - t)
-                        return {row.stage: row.seconds for row in summary.stages}
-
                     # Alternate which goes first: the second of a pair runs in a warmer process (and
                     # after the first one's garbage), which must not favour either side.
                     if i % 2 == 0:
-                        plain_stages, flow_stages = run_plain(), run_prefect()
+                        (p_s, plain_stages), (f_s, flow_stages) = timed_plain(f"plain-{tag}{i}"), \
+                            timed_prefect(f"prefect-{tag}{i}")
                     else:
-                        flow_stages = run_prefect()
-                        plain_stages = run_plain()
-                    outside_prefect.append(prefect[-1] - sum(flow_stages.get(k, 0.0) for k in plain_stages))
-                    print(f"repeat {tag}{i}: plain {plain[-1]:.2f} s, prefect {prefect[-1]:.2f} s; stage seconds "
+                        (f_s, flow_stages), (p_s, plain_stages) = timed_prefect(f"prefect-{tag}{i}"), \
+                            timed_plain(f"plain-{tag}{i}")
+                    plain.append(p_s)
+                    prefect.append(f_s)
+                    outside_plain.append(p_s - sum(plain_stages.values()))
+                    outside_prefect.append(f_s - sum(flow_stages.get(k, 0.0) for k in plain_stages))
+                    print(f"repeat {tag}{i}: plain {p_s:.2f} s, prefect {f_s:.2f} s; stage seconds "
                           "plain/prefect: " + ", ".join(f"{k} {v:.2f}/{flow_stages.get(k, float('nan')):.2f}"
                                                         for k, v in plain_stages.items()))
                 return plain, prefect, outside_plain, outside_prefect

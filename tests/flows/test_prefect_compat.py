@@ -64,10 +64,8 @@ def test_heartbeats_repeat_each_interval_and_stop_with_the_run(monkeypatch):
     with send_heartbeats(engine):
         assert engine.first.wait(10), "no heartbeat at the start of the run"
         wait_for(lambda: len(engine.beats) >= 2, 10, "a second heartbeat one interval later")
-    sent = len(engine.beats)
     assert engine.beats[1] - engine.beats[0] >= 0.9
     assert heartbeat_threads() == []  # so nothing can be sent after the run ended
-    assert len(engine.beats) == sent
 
 
 def test_a_long_interval_does_not_hold_the_end_of_the_run():
