@@ -1,4 +1,6 @@
-"""A fix for one cost of the pinned Prefect release: the flow-run heartbeat's stall at the end of a run.
+"""Fixes for two costs of the pinned Prefect release: the flow-run heartbeat's stall, and a TLS context per client.
+
+**Heartbeat stall.**
 
 Prefect 3.8.8 sends a flow run's heartbeat events (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, default
 180 s; zombie-run automations rely on them) from a thread that sleeps in 1-second steps and checks
@@ -12,23 +14,38 @@ settings context) but waits on the stop event itself, so the join returns as soo
 It applies only to the Prefect versions listed in ``FIXED_VERSIONS``, which were read for this;
 on any other version Prefect's own code runs unchanged, and the test that checks the fix is active
 fails, so an upgrade gets this module looked at again (drop it once Prefect waits on the event).
+
+**A TLS context per client.** Every ``PrefectClient`` and ``SyncPrefectClient`` Prefect 3.8.8 creates
+builds a new ``ssl.SSLContext`` from certifi's bundle (``PREFECT_API_SSL_CERT_FILE`` when set), even
+for an ``http://`` API: 30-45 ms of CPU each on this VM, paid by every flow run (its client context),
+every concurrency lease (the slot service's own client), and every CLI call. ``install()`` hands each
+new client one shared context per (verify-or-skip, CA file) instead, built the same way; a client
+given its own ``verify`` in ``httpx_settings`` keeps it. Prefect's open pull request #19106 (custom
+SSL contexts, to reuse one across clients) is the upstream version of this. A CA file changed while
+a process runs is read again only by a new process.
 """
 
 from __future__ import annotations
 
 import contextvars
+import functools
+import ssl
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import Any
 
+import certifi
 import prefect
 from prefect import flow_engine
+from prefect.client import orchestration
 
 FIXED_VERSIONS = frozenset({"3.8.8"})
 THREAD_NAME = "prefect-flow-run-heartbeat"
-# Prefect's own version, kept for comparison (benchmarks/orchestration_overhead.py measures both).
+# Prefect's own code, kept for comparison (benchmarks/orchestration_overhead.py measures both) and uninstall().
 PREFECT_SEND_HEARTBEATS = flow_engine._send_heartbeats
+CLIENT_CLASSES = (orchestration.PrefectClient, orchestration.SyncPrefectClient)
+PREFECT_CLIENT_INITS = {cls: cls.__init__ for cls in CLIENT_CLASSES}
 
 
 @contextmanager
@@ -68,14 +85,59 @@ def send_heartbeats(engine: Any, join_on_exit: bool = True) -> Generator[None, N
         engine.logger.debug("Stopped flow run heartbeat context")
 
 
-def install() -> bool:
-    """Use ``send_heartbeats`` in Prefect's flow engine if this Prefect is one it was written for.
+_contexts: dict[tuple[bool, str], ssl.SSLContext] = {}
+_contexts_lock = threading.Lock()
 
-    Idempotent; returns whether the fix is active.
+
+def shared_ssl_context() -> ssl.SSLContext:
+    """The TLS context Prefect 3.8.8 would build for a new client under the current settings, built once."""
+    from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY
+
+    insecure = bool(PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value())
+    cafile = "" if insecure else (PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
+    key = (insecure, cafile)
+    with _contexts_lock:
+        context = _contexts.get(key)
+        if context is None:
+            if insecure:  # as Prefect: an unverified context when the user turned verification off
+                context = ssl.create_default_context()
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            else:
+                context = ssl.create_default_context(cafile=cafile)
+            _contexts[key] = context
+    return context
+
+
+def sharing_ssl_context(init: Callable[..., None]) -> Callable[..., None]:
+    """Wrap a Prefect client's ``__init__`` so that a client without its own ``verify`` gets the shared context."""
+
+    @functools.wraps(init)
+    def __init__(self: Any, api: Any, *, httpx_settings: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if httpx_settings is None or "verify" not in httpx_settings:
+            httpx_settings = {**(httpx_settings or {}), "verify": shared_ssl_context()}
+        init(self, api, httpx_settings=httpx_settings, **kwargs)
+
+    __init__.shares_ssl_context = True  # type: ignore[attr-defined]
+    return __init__
+
+
+def install() -> bool:
+    """Use ``send_heartbeats`` and the shared TLS context if this Prefect is one they were written for.
+
+    Idempotent; returns whether the fixes are active.
     """
-    if flow_engine._send_heartbeats is send_heartbeats:
-        return True
     if prefect.__version__ not in FIXED_VERSIONS:
         return False
     flow_engine._send_heartbeats = send_heartbeats
+    for cls in CLIENT_CLASSES:
+        if not getattr(cls.__init__, "shares_ssl_context", False):
+            cls.__init__ = sharing_ssl_context(PREFECT_CLIENT_INITS[cls])
     return True
+
+
+def uninstall() -> None:
+    """Put Prefect's own code back (the benchmark compares both); ``install()`` applies the fixes again."""
+    flow_engine._send_heartbeats = PREFECT_SEND_HEARTBEATS
+    for cls, init in PREFECT_CLIENT_INITS.items():
+        cls.__init__ = init

@@ -1,4 +1,4 @@
-"""The flow-run heartbeat fix: heartbeats are still sent, and stop as soon as the run ends."""
+"""The fixes for the pinned Prefect: heartbeats are still sent and stop as soon as the run ends; clients share one TLS context."""
 
 from __future__ import annotations
 
@@ -45,13 +45,75 @@ def heartbeat_threads() -> list[threading.Thread]:
 
 
 def test_fix_is_active_on_the_pinned_prefect():
-    """Fails after a Prefect upgrade: read its heartbeat code again, then extend or drop the fix."""
+    """Fails after a Prefect upgrade: read its heartbeat and client code again, then extend or drop the fixes."""
     from prefect import flow_engine
+    from prefect.client.orchestration import PrefectClient, SyncPrefectClient
 
     from flows import prefect_compat
 
     assert prefect_compat.install() is True
     assert flow_engine._send_heartbeats is prefect_compat.send_heartbeats
+    assert PrefectClient.__init__.shares_ssl_context and SyncPrefectClient.__init__.shares_ssl_context
+    assert prefect_compat.install() is True  # idempotent: the wrapper is not wrapped again
+    assert PrefectClient.__init__.__wrapped__ is prefect_compat.PREFECT_CLIENT_INITS[PrefectClient]
+
+
+def client_context(client):
+    """The TLS context a Prefect client's httpx transport would use."""
+    return client._client._transport._pool._ssl_context
+
+
+def test_clients_share_one_tls_context_built_as_prefect_builds_it(monkeypatch, tmp_path):
+    import ssl
+
+    import certifi
+    from prefect.client.orchestration import PrefectClient, SyncPrefectClient
+    from prefect.settings import (PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY,
+                                  temporary_settings)
+
+    from flows import prefect_compat
+
+    built: list[str | None] = []
+    create = ssl.create_default_context
+
+    def counting(*args, cafile=None, **kwargs):
+        built.append(cafile)
+        return create(*args, cafile=cafile, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counting)
+    monkeypatch.setattr(prefect_compat, "_contexts", {})
+    default_ca = PREFECT_API_SSL_CERT_FILE.value() or certifi.where()  # it defaults to $SSL_CERT_FILE
+    api = "http://127.0.0.1:9/api"
+    first, second = SyncPrefectClient(api), SyncPrefectClient(api)
+    async_client = PrefectClient(api)
+    assert built == [default_ca]  # one context, from the same CA bundle as Prefect's, for all three clients
+    shared = client_context(first)
+    assert shared.verify_mode == ssl.CERT_REQUIRED and shared.check_hostname
+    assert client_context(second) is shared and async_client._client._transport._pool._ssl_context is shared
+
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text(open(certifi.where()).read())
+    with temporary_settings(updates={PREFECT_API_SSL_CERT_FILE: str(bundle)}):
+        own_ca = client_context(SyncPrefectClient(api))
+    with temporary_settings(updates={PREFECT_API_TLS_INSECURE_SKIP_VERIFY: True}):
+        insecure = client_context(SyncPrefectClient(api))
+    assert built == [default_ca, str(bundle), None]  # the settings still decide, as in Prefect
+    assert own_ca is not shared and own_ca.verify_mode == ssl.CERT_REQUIRED
+    assert insecure.verify_mode == ssl.CERT_NONE and not insecure.check_hostname
+
+    mine = create()
+    assert client_context(SyncPrefectClient(api, httpx_settings={"verify": mine})) is mine
+    assert len(built) == 3  # a client given its own context is left alone
+
+
+def test_a_client_with_the_shared_context_talks_to_the_server(prefect_server):
+    from prefect.client.orchestration import get_client
+
+    from flows import prefect_compat
+
+    assert prefect_compat.install()
+    with get_client(sync_client=True) as one, get_client(sync_client=True) as two:
+        assert one.hello().status_code == two.hello().status_code == 200
 
 
 def test_heartbeats_repeat_each_interval_and_stop_with_the_run(monkeypatch):
