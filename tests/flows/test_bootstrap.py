@@ -71,3 +71,29 @@ def test_deployments_have_pools_schedule_and_a_typed_spec_parameter(boot):
     assert props["spec_path"]["default"] == "jobs/churn.yaml"
     assert "JobSpec" in str(props["spec"])  # the UI renders the spec as a typed form
     assert d.job_variables["env"]["HYBRIDTRAIN_HOME"]
+
+
+def test_site_credentials_come_from_the_saved_blocks(boot):
+    from blocks.site import SiteBlock, load_site_secrets
+
+    ws, first, _ = boot
+    catalog = SitesCatalog.load(ws.sites_file)
+    keyed = SiteBlock.from_site(catalog.get(first.site_blocks[0]))
+    keyed = keyed.model_copy(update={"name": "keyed-site", "aws_access_key_id": "AKIDKEYED",
+                                     "aws_secret_access_key": "s3cr3t-keyed",
+                                     "ssh_private_key": "-----BEGIN KEY-----", "ssh_known_hosts": "host ssh-ed25519 AAA"})
+    keyed.save("keyed-site", overwrite=True)
+    secrets = load_site_secrets(["keyed-site", first.site_blocks[1], "no-block-site"])
+    assert list(secrets.sites) == ["keyed-site", first.site_blocks[1]]  # a site without a block has none
+    got = secrets.sites["keyed-site"]
+    assert got.aws_access_key_id == "AKIDKEYED" and got.aws_secret_access_key.get_secret_value() == "s3cr3t-keyed"
+    assert got.ssh_private_key.get_secret_value() == "-----BEGIN KEY-----"
+    assert got.ssh_known_hosts == "host ssh-ed25519 AAA"
+    assert secrets.sites[first.site_blocks[1]].aws_secret_access_key is None
+
+
+def test_no_site_has_credentials_before_the_block_type_is_registered(prefect_server, monkeypatch):
+    from blocks.site import SiteBlock, load_site_secrets
+
+    monkeypatch.setattr(SiteBlock, "_block_type_slug", "hybridtrain-site-never-registered")
+    assert load_site_secrets(["onprem-dc1", "cloud-eu"]).sites == {}
