@@ -25,12 +25,12 @@ from uuid import UUID
 from prefect import flow, get_run_logger, runtime
 from prefect.variables import Variable
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, VariableCreate, VariableUpdate
 # Pinned Prefect 3.8.8: the pieces of prefect.concurrency.sync.concurrency(), used directly for the lease id.
 from prefect.concurrency.context import ConcurrencyContext
 from prefect.concurrency._leases import maintain_concurrency_lease
 from prefect.concurrency._sync import acquire_concurrency_slots_with_lease, release_concurrency_slots_with_lease
-from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound, PrefectHTTPStatusError
 from pydantic import BaseModel
 
 from hybridtrain import stages
@@ -169,9 +169,25 @@ def acquire_lease(held: ExitStack, job: str) -> None:
     held.callback(release_lease, granted.lease_id)
     held.enter_context(maintain_concurrency_lease(granted.lease_id, LEASE_S, raise_on_lease_renewal_failure=True))
     root = runtime.flow_run.root_flow_run_id if hasattr(runtime.flow_run, "root_flow_run_id") else None
-    Variable.set(holder_name(job), {"flow_run": str(runtime.flow_run.id or ""), "root_flow_run": str(root or ""),
-                                    "lease_id": str(granted.lease_id), "since": datetime.now(UTC).isoformat()},
-                 overwrite=True)
+    record_holder(job, {"flow_run": str(runtime.flow_run.id or ""), "root_flow_run": str(root or ""),
+                        "lease_id": str(granted.lease_id), "since": datetime.now(UTC).isoformat()})
+
+
+def record_holder(job: str, record: dict[str, str]) -> None:
+    """Write the holder record: one request when it exists (every run after a job's first), as
+    ``Variable.set(overwrite=True)`` takes three (read, update, read back)."""
+    name = holder_name(job)
+    with get_client(sync_client=True) as client:
+        try:
+            client.update_variable(VariableUpdate(name=name, value=record))
+            return
+        except PrefectHTTPStatusError as exc:
+            if exc.response.status_code != 404:
+                raise
+        try:
+            client.create_variable(VariableCreate(name=name, value=record))
+        except ObjectAlreadyExists:  # another stage created it in between: the newest holder writes last
+            client.update_variable(VariableUpdate(name=name, value=record))
 
 
 @flow(name="train-stage", flow_run_name="train-{spec.metadata.name}-at-{site}", log_prints=True)

@@ -66,8 +66,37 @@ def test_a_dead_holders_lease_is_revoked_and_the_waiting_stage_trains(prefect_se
             quick_lease.acquire_lease(held, job)
             return active_slots(job)
 
-    assert second_training() == 1  # the dead holder's slot was freed and this stage holds the only one
+    state = second_training(return_state=True)
+    assert state.result() == 1  # the dead holder's slot was freed and this stage holds the only one
     assert active_slots(job) == 0  # and released it on the way out
+    record = holder_record(job)  # the stage recorded itself over the dead holder's record
+    assert record["flow_run"] == str(state.state_details.flow_run_id)
+    assert record["lease_id"] not in ("", str(dead.lease_id))
+
+
+def holder_record(job: str) -> dict:
+    from prefect.variables import Variable
+
+    from flows.training import holder_name
+
+    return Variable.get(holder_name(job))
+
+
+def test_the_first_holder_of_a_job_creates_its_record(prefect_server, quick_lease):
+    from prefect import flow
+
+    job = "lease-first-holder"
+
+    @flow
+    def first_training() -> str:
+        with ExitStack() as held:
+            quick_lease.acquire_lease(held, job)
+            return holder_record(job)["lease_id"]
+
+    state = first_training(return_state=True)
+    record = holder_record(job)
+    assert record["flow_run"] == str(state.state_details.flow_run_id)
+    assert record["lease_id"] == state.result() and record["since"]
 
 
 def test_a_live_holder_is_never_freed_even_with_a_stale_record(prefect_server, quick_lease):
