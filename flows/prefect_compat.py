@@ -1,10 +1,8 @@
 """Fixes for two costs of the pinned Prefect release: the flow-run heartbeat's stall, and a TLS context per client.
 
-**Heartbeat stall.**
-
-Prefect 3.8.8 sends a flow run's heartbeat events (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, default
-180 s; zombie-run automations rely on them) from a thread that sleeps in 1-second steps and checks
-a stop flag between steps. When a synchronous flow run ends, the engine sets that flag and joins
+**Heartbeat stall.** Prefect 3.8.8 sends a flow run's heartbeat events
+(``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, default 180 s; zombie-run automations rely on them) from a
+thread that sleeps in 1-second steps and checks a stop flag between steps. When a synchronous flow run ends, the engine sets that flag and joins
 the thread, so every run ends 0-1 s late (0.5 s on average): 4-6 % of the demo lifecycle, the
 largest single Prefect cost in ``benchmarks/orchestration_overhead.py``.
 
@@ -12,8 +10,8 @@ largest single Prefect cost in ``benchmarks/orchestration_overhead.py``.
 the start of the run and one every interval, none once the run is final, same daemon thread and
 settings context) but waits on the stop event itself, so the join returns as soon as the run ends.
 It applies only to the Prefect versions listed in ``FIXED_VERSIONS``, which were read for this;
-on any other version Prefect's own code runs unchanged, and the test that checks the fix is active
-fails, so an upgrade gets this module looked at again (drop it once Prefect waits on the event).
+on any other version Prefect's own code runs unchanged, and the test that checks the fixes are
+active fails, so an upgrade gets this module looked at again (drop each fix once Prefect has its own).
 
 **A TLS context per client.** Every ``PrefectClient`` and ``SyncPrefectClient`` Prefect 3.8.8 creates
 builds a new ``ssl.SSLContext`` from certifi's bundle (``PREFECT_API_SSL_CERT_FILE`` when set), even
