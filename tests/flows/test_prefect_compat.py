@@ -1,4 +1,5 @@
-"""The fixes for the pinned Prefect: heartbeats are still sent and stop as soon as the run ends; clients share one TLS context."""
+"""The fixes for the pinned Prefect: heartbeats are still sent and stop as soon as the run ends;
+clients share one TLS context."""
 
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ def client_context(client):
 
 
 def test_clients_share_one_tls_context_built_as_prefect_builds_it(monkeypatch, tmp_path):
+    import shutil
     import ssl
 
     import certifi
@@ -89,10 +91,10 @@ def test_clients_share_one_tls_context_built_as_prefect_builds_it(monkeypatch, t
     assert built == [default_ca]  # one context, from the same CA bundle as Prefect's, for all three clients
     shared = client_context(first)
     assert shared.verify_mode == ssl.CERT_REQUIRED and shared.check_hostname
-    assert client_context(second) is shared and async_client._client._transport._pool._ssl_context is shared
+    assert client_context(second) is shared and client_context(async_client) is shared
 
     bundle = tmp_path / "ca.pem"
-    bundle.write_text(open(certifi.where()).read())
+    shutil.copyfile(certifi.where(), bundle)
     with temporary_settings(updates={PREFECT_API_SSL_CERT_FILE: str(bundle)}):
         own_ca = client_context(SyncPrefectClient(api))
     with temporary_settings(updates={PREFECT_API_TLS_INSECURE_SKIP_VERIFY: True}):
@@ -113,6 +115,8 @@ def test_a_client_with_the_shared_context_talks_to_the_server(prefect_server):
 
     assert prefect_compat.install()
     with get_client(sync_client=True) as one, get_client(sync_client=True) as two:
+        # The wrapped __init__ still sets up a working client (base URL, headers) around the shared context.
+        assert client_context(one) is client_context(two) is prefect_compat.shared_ssl_context()
         assert one.hello().status_code == two.hello().status_code == 200
 
 

@@ -27,14 +27,12 @@ def take_lease_without_a_run(job: str):
     return acquire_concurrency_slots_with_lease([ensure_lease(job)], 1, lease_duration=LEASE_S, strict=True)
 
 
-def record_holder(job: str, flow_run: str, lease_id) -> None:
-    from prefect.variables import Variable
-
-    from flows.training import holder_name
+def record_old_holder(job: str, flow_run: str, lease_id) -> None:
+    """The holder record as ``flow_run`` wrote it an hour ago."""
+    from flows.training import record_holder
 
     since = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
-    Variable.set(holder_name(job), {"flow_run": flow_run, "root_flow_run": "", "lease_id": str(lease_id),
-                                    "since": since}, overwrite=True)
+    record_holder(job, {"flow_run": flow_run, "root_flow_run": "", "lease_id": str(lease_id), "since": since})
 
 
 def active_slots(job: str) -> int:
@@ -42,6 +40,14 @@ def active_slots(job: str) -> int:
 
     with get_client(sync_client=True) as client:
         return client.read_global_concurrency_limit_by_name(f"train-{job}").active_slots
+
+
+def holder_record(job: str) -> dict:
+    from prefect.variables import Variable
+
+    from flows.training import holder_name
+
+    return Variable.get(holder_name(job))
 
 
 @pytest.fixture
@@ -58,7 +64,7 @@ def test_a_dead_holders_lease_is_revoked_and_the_waiting_stage_trains(prefect_se
 
     job = "lease-dead-holder"
     dead = take_lease_without_a_run(job)
-    record_holder(job, ended_flow_run_id(), dead.lease_id)
+    record_old_holder(job, ended_flow_run_id(), dead.lease_id)
 
     @flow
     def second_training() -> int:
@@ -72,14 +78,6 @@ def test_a_dead_holders_lease_is_revoked_and_the_waiting_stage_trains(prefect_se
     record = holder_record(job)  # the stage recorded itself over the dead holder's record
     assert record["flow_run"] == str(state.state_details.flow_run_id)
     assert record["lease_id"] not in ("", str(dead.lease_id))
-
-
-def holder_record(job: str) -> dict:
-    from prefect.variables import Variable
-
-    from flows.training import holder_name
-
-    return Variable.get(holder_name(job))
 
 
 def test_the_first_holder_of_a_job_creates_its_record(prefect_server, quick_lease):
@@ -108,7 +106,7 @@ def test_a_live_holder_is_never_freed_even_with_a_stale_record(prefect_server, q
     with get_client(sync_client=True) as client:
         client.release_concurrency_slots_with_lease(released.lease_id)
     live = take_lease_without_a_run(job)  # a new holder that has not written its record yet
-    record_holder(job, ended_flow_run_id(), released.lease_id)  # the old holder's record, left behind
+    record_old_holder(job, ended_flow_run_id(), released.lease_id)  # the old holder's record, left behind
 
     @flow
     def duplicate_training() -> None:
