@@ -1,13 +1,16 @@
 """Orchestration overhead: the lifecycle as Prefect flows vs the same core stage calls in plain Python.
 
-Same data, same process, one run. The Prefect server is started (and warmed up) before timing,
-one untimed plain lifecycle establishes a champion so both timed variants do identical work
-(including the champion comparison), and one untimed flow run pays the process's one-time Prefect
-costs. Each variant runs ``--repeat`` times in back-to-back pairs, plain first in even pairs and
-Prefect first in odd ones. The headline is the median of the per-pair ratios: on this VM a single
-lifecycle varies by ±15 % between runs, so the ratio of the two best times swings both ways (0.98
-to 1.22 seen on the same code) while the paired median holds. The best-of ratio and the seconds
-spent outside the five stages in each path are printed too, and a few more pairs run with Prefect's
+Same data, same process, one run, on the server ``make demo`` uses: Prefect's embedded server,
+started and warmed up before timing. One untimed plain lifecycle establishes a champion so both
+timed variants do identical work (including the champion comparison), and one untimed flow run pays
+the process's one-time Prefect costs. Each variant runs ``--repeat`` times in back-to-back pairs,
+plain first in even pairs and Prefect first in odd ones. Before each timed lifecycle the benchmark
+waits until the server is quiet, so no lifecycle is charged with server work left over from the one
+before, and it prints the server's CPU seconds per lifecycle for both variants, with the part spent
+after the flow returned (the leftover the wait keeps out of the next run). The headline is the
+median of the per-pair ratios: on this VM a single lifecycle varies by ±15 % between runs, so the
+ratio of the two best times swings both ways while the paired median holds. The best-of ratio and
+the seconds spent outside the five stages are printed too, and a few more pairs run with Prefect's
 own code instead of the fixes in ``flows/prefect_compat.py`` (its heartbeat thread holds the end of
 every flow run 0-1 s; each client builds a new TLS context), to show what the fixes are worth (those
 pairs are not in the headline).
@@ -19,6 +22,7 @@ Usage: .venv/bin/python benchmarks/orchestration_overhead.py [--rows 200000] [--
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import statistics
@@ -26,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -102,6 +106,31 @@ def wait_recorded(flow_run_id, n: int, timeout_s: float = 120.0) -> None:
             time.sleep(0.2)
 
 
+class ServerCpu:
+    """CPU seconds of the embedded server process (all its threads), and a wait until it is quiet."""
+
+    def __init__(self, pid: int):
+        import psutil
+
+        self.proc = psutil.Process(pid)
+
+    def seconds(self) -> float:
+        t = self.proc.cpu_times()
+        return t.user + t.system
+
+    def wait_quiet(self, window_s: float = 0.5, busy: float = 0.1, timeout_s: float = 60.0) -> None:
+        """Poll until the server used under ``busy`` of a core over ``window_s`` (its idle loops use ~3 %)."""
+        deadline = time.monotonic() + timeout_s
+        before = self.seconds()
+        while time.monotonic() < deadline:
+            time.sleep(window_s)
+            now = self.seconds()
+            if now - before < busy * window_s:
+                return
+            before = now
+        print(f"the server was still busy after {timeout_s:.0f} s")
+
+
 @contextmanager
 def prefect_own_code() -> Iterator[None]:
     """Run flows with Prefect 3.8.8's own code instead of the fixes in ``flows.prefect_compat``."""
@@ -125,9 +154,11 @@ def main() -> None:
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="ht-bench-") as tmp:
+        # The embedded server `make demo` uses, with its database in this run's directory.
         os.environ["PREFECT_HOME"] = str(Path(tmp) / "prefect")
+        os.environ.pop("PREFECT_API_URL", None)
         from prefect import flow, task
-        from prefect.testing.utilities import prefect_test_harness
+        from prefect.server.api.server import SubprocessASGIServer
 
         from blocks.register import ensure_pseudonym_key, ensure_release_key, release_key_pem
         from flows.lifecycle import lifecycle
@@ -147,7 +178,10 @@ def main() -> None:
         def many(n: int) -> int:
             return sum(noop(i) for i in range(n))
 
-        with prefect_test_harness(server_startup_timeout=120):
+        server = SubprocessASGIServer()  # the one Prefect's clients use when no PREFECT_API_URL is set
+        server.start(timeout=180)  # a first start creates the database: over 20 s on a busy 2-core VM
+        cpu = ServerCpu(server.server_process.pid)
+        try:
             ensure_pseudonym_key(ws.pseudonym_key_block)
             key = pseudonym_key(ws.pseudonym_key_block)
             ensure_release_key(ws.release_key_block, ws.release_public_key)
@@ -162,44 +196,58 @@ def main() -> None:
             lifecycle(spec_path="jobs/churn.yaml", workspace=str(ws_root), run_key="warmup-prefect", dispatch="inline")
             print(f"warm-up lifecycle (Prefect, untimed): {time.perf_counter() - t:.1f} s")
 
-            def timed_plain(run_key: str) -> tuple[float, dict[str, float]]:
+            def timed(run: Callable[[], dict[str, float]]) -> tuple[float, dict[str, float], float, float]:
+                """Seconds, stage seconds, and the server's CPU seconds until it is quiet again (all, after return)."""
+                cpu.wait_quiet()
+                c = cpu.seconds()
                 t = time.perf_counter()
-                stage_s = plain_lifecycle(ws, spec_path, key, signing, run_key)
-                return time.perf_counter() - t, stage_s
+                stage_s = run()
+                elapsed = time.perf_counter() - t
+                returned = cpu.seconds()
+                cpu.wait_quiet()
+                end = cpu.seconds()
+                return elapsed, stage_s, end - c, end - returned
 
-            def timed_prefect(run_key: str) -> tuple[float, dict[str, float]]:
-                t = time.perf_counter()
+            def plain_run(run_key: str) -> dict[str, float]:
+                return plain_lifecycle(ws, spec_path, key, signing, run_key)
+
+            def prefect_run(run_key: str) -> dict[str, float]:
                 summary = lifecycle(spec_path="jobs/churn.yaml", workspace=str(ws_root), run_key=run_key,
                                     dispatch="inline")
-                return time.perf_counter() - t, {row.stage: row.seconds for row in summary.stages}
+                return {row.stage: row.seconds for row in summary.stages}
 
-            def pairs(n: int, tag: str) -> tuple[list[float], list[float], list[float], list[float]]:
-                plain, prefect, outside_plain, outside_prefect = [], [], [], []
+            def pairs(n: int, tag: str) -> dict[str, list[float]]:
+                out: dict[str, list[float]] = {k: [] for k in ("plain", "prefect", "outside_plain", "outside_prefect",
+                                                               "cpu_plain", "cpu_prefect", "cpu_after_prefect")}
                 for i in range(n):
                     # Alternate which goes first: the second of a pair runs in a warmer process (and
                     # after the first one's garbage), which must not favour either side.
+                    p_run = functools.partial(plain_run, f"plain-{tag}{i}")
+                    f_run = functools.partial(prefect_run, f"prefect-{tag}{i}")
                     if i % 2 == 0:
-                        (p_s, plain_stages), (f_s, flow_stages) = timed_plain(f"plain-{tag}{i}"), \
-                            timed_prefect(f"prefect-{tag}{i}")
+                        (p_s, plain_stages, p_cpu, _), (f_s, flow_stages, f_cpu, f_after) = timed(p_run), timed(f_run)
                     else:
-                        (f_s, flow_stages), (p_s, plain_stages) = timed_prefect(f"prefect-{tag}{i}"), \
-                            timed_plain(f"plain-{tag}{i}")
-                    plain.append(p_s)
-                    prefect.append(f_s)
-                    outside_plain.append(p_s - sum(plain_stages.values()))
-                    outside_prefect.append(f_s - sum(flow_stages.get(k, 0.0) for k in plain_stages))
-                    print(f"repeat {tag}{i}: plain {p_s:.2f} s, prefect {f_s:.2f} s; stage seconds "
-                          "plain/prefect: " + ", ".join(f"{k} {v:.2f}/{flow_stages.get(k, float('nan')):.2f}"
-                                                        for k, v in plain_stages.items()))
-                return plain, prefect, outside_plain, outside_prefect
+                        (f_s, flow_stages, f_cpu, f_after), (p_s, plain_stages, p_cpu, _) = timed(f_run), timed(p_run)
+                    out["plain"].append(p_s)
+                    out["prefect"].append(f_s)
+                    out["outside_plain"].append(p_s - sum(plain_stages.values()))
+                    out["outside_prefect"].append(f_s - sum(flow_stages.get(k, 0.0) for k in plain_stages))
+                    out["cpu_plain"].append(p_cpu)
+                    out["cpu_prefect"].append(f_cpu)
+                    out["cpu_after_prefect"].append(f_after)
+                    print(f"repeat {tag}{i}: plain {p_s:.2f} s, prefect {f_s:.2f} s (server CPU {p_cpu:.2f} / "
+                          f"{f_cpu:.2f} s); stage seconds plain/prefect: "
+                          + ", ".join(f"{k} {v:.2f}/{flow_stages.get(k, float('nan')):.2f}"
+                                      for k, v in plain_stages.items()))
+                return out
 
-            plain, prefect, outside_plain, outside_prefect = pairs(args.repeat, "")
+            res = pairs(args.repeat, "")
             if args.unfixed_repeat:
                 # The same pairs with Prefect's own code (flows/prefect_compat.py: a heartbeat that
                 # holds the end of each flow run 0-1 s, a TLS context per client): shows what the
                 # fixes are worth. Not in the headline.
                 with prefect_own_code():
-                    old_plain, old_prefect, _, old_outside = pairs(args.unfixed_repeat, "unfixed-")
+                    old = pairs(args.unfixed_repeat, "unfixed-")
 
             t = time.perf_counter()
             for i in range(args.tasks):
@@ -211,17 +259,23 @@ def main() -> None:
             per_task_ms = (orchestrated - bare) / args.tasks * 1000
             # Let the server record those task runs before it is stopped (else it logs cancelled flushes).
             wait_recorded(state.state_details.flow_run_id, args.tasks)
+        finally:
+            server.stop()
 
-    ratio = statistics.median(p / q for p, q in zip(prefect, plain))
-    print(f"rows: {args.rows}, lifecycle plain best {min(plain):.2f} s, prefect best {min(prefect):.2f} s "
-          f"(best-of ratio {min(prefect) / min(plain):.3f}); per-pair ratios "
+    med = statistics.median
+    plain, prefect = res["plain"], res["prefect"]
+    ratio = med(p / q for p, q in zip(prefect, plain))
+    print(f"rows: {args.rows}, lifecycle plain best {min(plain):.2f} s, prefect best "
+          f"{min(prefect):.2f} s (best-of ratio {min(prefect) / min(plain):.3f}); per-pair ratios "
           + ", ".join(f"{p / q:.3f}" for p, q in zip(prefect, plain)))
-    print(f"seconds outside the five stages (median): plain {statistics.median(outside_plain):.2f} s, "
-          f"prefect {statistics.median(outside_prefect):.2f} s")
+    print(f"seconds outside the five stages (median): plain {med(res['outside_plain']):.2f} s, "
+          f"prefect {med(res['outside_prefect']):.2f} s; server CPU per lifecycle (median): plain "
+          f"{med(res['cpu_plain']):.2f} s, prefect {med(res['cpu_prefect']):.2f} s (of which after the flow returned "
+          f"{med(res['cpu_after_prefect']):.2f} s)")
     if args.unfixed_repeat:
         print(f"with Prefect 3.8.8's own code (no flows.prefect_compat fixes): median ratio "
-              f"{statistics.median(p / q for p, q in zip(old_prefect, old_plain)):.3f} x, "
-              f"prefect outside the stages {statistics.median(old_outside):.2f} s")
+              f"{med(p / q for p, q in zip(old['prefect'], old['plain'])):.3f} x, prefect outside the stages "
+              f"{med(old['outside_prefect']):.2f} s, server CPU per lifecycle {med(old['cpu_prefect']):.2f} s")
     print(f"per_task_overhead: {per_task_ms:.1f} ms/task over {args.tasks} tasks incl. one flow run "
           f"(target <= 15)")
     print(f"overhead_ratio: {ratio:.3f} x median of {len(plain)} paired runs (target <= 1.10)")
