@@ -3,8 +3,9 @@
 **Heartbeat stall.** Prefect 3.8.8 sends a flow run's heartbeat events
 (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, default 180 s; zombie-run automations rely on them) from a
 thread that sleeps in 1-second steps and checks a stop flag between steps. When a synchronous flow
-run ends, the engine sets that flag and joins the thread, so every run ends 0-1 s late (0.5 s on average): 4-6 % of the demo lifecycle, the
-largest single Prefect cost in ``benchmarks/orchestration_overhead.py``.
+run ends, the engine sets that flag and joins the thread, so every run ends 0-1 s late (0.5 s on
+average): 4-6 % of the demo lifecycle, the largest single Prefect cost in
+``benchmarks/orchestration_overhead.py``.
 
 ``install()`` swaps the engine's heartbeat context for one that behaves the same way (one event at
 the start of the run and one every interval, none once the run is final, same daemon thread and

@@ -81,7 +81,8 @@ def test_site_credentials_come_from_the_saved_blocks(boot):
     keyed = SiteBlock.from_site(catalog.get(first.site_blocks[0]))
     keyed = keyed.model_copy(update={"name": "keyed-site", "aws_access_key_id": "AKIDKEYED",
                                      "aws_secret_access_key": "s3cr3t-keyed",
-                                     "ssh_private_key": "-----BEGIN KEY-----", "ssh_known_hosts": "host ssh-ed25519 AAA"})
+                                     "ssh_private_key": "-----BEGIN KEY-----",
+                                     "ssh_known_hosts": "host ssh-ed25519 AAA"})
     keyed.save("keyed-site", overwrite=True)
     secrets = load_site_secrets(["keyed-site", first.site_blocks[1], "no-block-site"])
     assert list(secrets.sites) == ["keyed-site", first.site_blocks[1]]  # a site without a block has none
