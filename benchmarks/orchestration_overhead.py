@@ -5,24 +5,29 @@ started and warmed up before timing. One untimed plain lifecycle establishes a c
 timed variants do identical work (including the champion comparison), and one untimed flow run pays
 the process's one-time Prefect costs. Each variant runs ``--repeat`` times in back-to-back pairs,
 plain first in even pairs and Prefect first in odd ones. Before each timed lifecycle the benchmark
-waits until the server is quiet, so no lifecycle is charged with server work left over from the one
-before, and it prints the server's CPU seconds per lifecycle for both variants, with the part spent
-after the flow returned (the leftover the wait keeps out of the next run). The headline is the
-median of the per-pair ratios: on this VM a single lifecycle varies by ±15 % between runs, so the
+collects garbage and waits until the server is quiet, so no lifecycle is charged with server work
+left over from the one before, and it prints the server's CPU seconds per lifecycle for both
+variants, with the part spent after the flow returned (the leftover the wait keeps out of the next
+run).
+
+The headline is the median of the per-pair ratios with a distribution-free confidence interval
+from order statistics: on this VM a single lifecycle varies by about 15 % between runs, so the
 ratio of the two best times swings both ways while the paired median holds. The best-of ratio and
 the seconds spent outside the five stages are printed too, and a few more pairs run with Prefect's
 own code instead of the fixes in ``flows/prefect_compat.py`` (its heartbeat thread holds the end of
 every flow run 0-1 s; each client builds a new TLS context), to show what the fixes are worth (those
-pairs are not in the headline).
-A second measurement times trivial tasks to give the per-task overhead once the server is up.
+pairs are not in the headline). A second measurement times trivial tasks to give the per-task
+overhead once the server is up.
 
-Usage: .venv/bin/python benchmarks/orchestration_overhead.py [--rows 200000] [--repeat 5]
+Usage: .venv/bin/python benchmarks/orchestration_overhead.py [--rows 200000] [--repeat 11]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import gc
+import math
 import os
 import shutil
 import statistics
@@ -143,10 +148,30 @@ def prefect_own_code() -> Iterator[None]:
         prefect_compat.install()
 
 
+def median_interval(values: list[float], level: float = 0.90) -> tuple[float, float, float]:
+    """Distribution-free interval for the median from order statistics: (low, high, its coverage).
+
+    The k-th smallest and k-th largest of n values bracket the true median with probability
+    1 - 2 P(Binomial(n, 1/2) < k); k is the largest rank whose coverage is still at least ``level``
+    (for n = 11: the 3rd and 9th values, 93 %). Too few values for ``level``: the extremes.
+    """
+    xs = sorted(values)
+    n = len(xs)
+
+    def coverage(k: int) -> float:
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
+        k += 1
+    return xs[k - 1], xs[n - k], coverage(k)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=11,
+                    help="timed plain/Prefect pairs; the headline's confidence interval narrows with more")
     ap.add_argument("--tasks", type=int, default=200)
     ap.add_argument("--unfixed-repeat", type=int, default=3,
                     help="extra pairs with Prefect's own code, to show what the fixes in "
@@ -198,6 +223,7 @@ def main() -> None:
 
             def timed(run: Callable[[], dict[str, float]]) -> tuple[float, dict[str, float], float, float]:
                 """Seconds, stage seconds, and the server's CPU seconds until it is quiet again (all, after return)."""
+                gc.collect()  # each lifecycle starts from a collected heap, not the previous one's garbage
                 cpu.wait_quiet()
                 c = cpu.seconds()
                 t = time.perf_counter()
@@ -264,12 +290,16 @@ def main() -> None:
 
     med = statistics.median
     plain, prefect = res["plain"], res["prefect"]
-    ratio = med(p / q for p, q in zip(prefect, plain))
+    ratios = [p / q for p, q in zip(prefect, plain)]
+    ratio = med(ratios)
+    low, high, cover = median_interval(ratios)
     print(f"rows: {args.rows}, lifecycle plain best {min(plain):.2f} s, prefect best "
           f"{min(prefect):.2f} s (best-of ratio {min(prefect) / min(plain):.3f}); per-pair ratios "
           + ", ".join(f"{p / q:.3f}" for p, q in zip(prefect, plain)))
+    extra = med(res["outside_prefect"]) - med(res["outside_plain"])
     print(f"seconds outside the five stages (median): plain {med(res['outside_plain']):.2f} s, "
-          f"prefect {med(res['outside_prefect']):.2f} s; server CPU per lifecycle (median): plain "
+          f"prefect {med(res['outside_prefect']):.2f} s (+{extra:.2f} s, {extra / med(plain):.1%} of a plain "
+          f"lifecycle); server CPU per lifecycle (median): plain "
           f"{med(res['cpu_plain']):.2f} s, prefect {med(res['cpu_prefect']):.2f} s (of which after the flow returned "
           f"{med(res['cpu_after_prefect']):.2f} s)")
     if args.unfixed_repeat:
@@ -278,7 +308,8 @@ def main() -> None:
               f"{med(old['outside_prefect']):.2f} s, server CPU per lifecycle {med(old['cpu_prefect']):.2f} s")
     print(f"per_task_overhead: {per_task_ms:.1f} ms/task over {args.tasks} tasks incl. one flow run "
           f"(target <= 15)")
-    print(f"overhead_ratio: {ratio:.3f} x median of {len(plain)} paired runs (target <= 1.10)")
+    print(f"overhead_ratio: {ratio:.3f} x median of {len(plain)} paired runs, {cover:.0%} interval "
+          f"{low:.3f}-{high:.3f} (target <= 1.10)")
 
 
 if __name__ == "__main__":
