@@ -30,6 +30,8 @@ Keys: ``hybridtrain.signing_key`` (the private key comes from a Prefect Secret b
 from __future__ import annotations
 
 import base64
+import copy
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -122,7 +124,14 @@ class BundleSignature(BaseModel):
 
 
 def environment_info() -> dict[str, Any]:
-    """Python, platform and the version of every installed distribution."""
+    """Python, platform and the version of every installed distribution (a fresh copy each call)."""
+    return copy.deepcopy(_process_environment())
+
+
+@functools.cache
+def _process_environment() -> dict[str, Any]:
+    """Read once per process: scanning every distribution's metadata takes most of a second, and a
+    package upgraded on disk later would not change the code this process already imported."""
     packages: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
         name = dist.metadata.get("Name")

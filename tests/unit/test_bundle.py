@@ -63,6 +63,8 @@ def test_the_environment_lists_python_and_installed_packages():
     env = environment_info()
     assert env["python"].count(".") == 2
     assert {"cryptography", "pydantic", "mlflow"} <= set(env["packages"])
+    env["packages"].clear()  # each call gets its own copy: a caller's edit does not leak into the next bundle
+    assert "mlflow" in environment_info()["packages"]
 
 
 @pytest.mark.parametrize("rel", ["weights/model.pt", *EVIDENCE_FILES, MANIFEST, SIGNATURE])
