@@ -398,7 +398,11 @@ def test_sshd_stopped_mid_run_the_job_is_replaced_on_the_next_healthy_site(tmp_p
 
     def on_line(line: str) -> None:
         if line.startswith("hybridtrain: epoch 1/") and not stopped:
+            # The host goes down: its sshd and its job together. (A job left running would finish all
+            # its epochs while the client gives up on the link, on a fast machine, and leave nothing
+            # to resume.)
             stop_sshd(proc)
+            kill_job(server.host.workdir, "faults-x")
             stopped.append(time.monotonic())
 
     try:
@@ -407,7 +411,7 @@ def test_sshd_stopped_mid_run_the_job_is_replaced_on_the_next_healthy_site(tmp_p
                       run_key="run-x", job_id="faults-x", on_line=on_line, poll_interval=0.2, timeout=WAIT_S,
                       timeouts=FAST_SSH)
     finally:
-        kill_job(server.host.workdir, "faults-x")  # the host is gone with its sshd, and so is its job
+        kill_job(server.host.workdir, "faults-x")  # in case the test failed before the host went down
         if proc.poll() is None:
             stop_sshd(proc)
     assert stopped and err.value.site == "onprem-x" and "could not get it back" in str(err.value)
