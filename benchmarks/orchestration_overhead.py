@@ -295,7 +295,7 @@ def main() -> None:
     low, high, cover = median_interval(ratios)
     print(f"rows: {args.rows}, lifecycle plain best {min(plain):.2f} s, prefect best "
           f"{min(prefect):.2f} s (best-of ratio {min(prefect) / min(plain):.3f}); per-pair ratios "
-          + ", ".join(f"{p / q:.3f}" for p, q in zip(prefect, plain)))
+          + ", ".join(f"{r:.3f}" for r in ratios))
     extra = med(res["outside_prefect"]) - med(res["outside_plain"])
     print(f"seconds outside the five stages (median): plain {med(res['outside_plain']):.2f} s, "
           f"prefect {med(res['outside_prefect']):.2f} s (+{extra:.2f} s, {extra / med(plain):.1%} of a plain "
