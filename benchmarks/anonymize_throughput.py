@@ -67,9 +67,9 @@ def main() -> None:
     pa.set_cpu_count(1)  # one core: rows/s below are per core
     pa.set_io_thread_count(1)
 
-    from hybridtrain.anonymizer import Anonymizer
-    from hybridtrain.sample_data import generate_churn
-    from hybridtrain.spec import Treatment, load_spec
+    from hybridtrain.datasets.anonymizer import Anonymizer
+    from hybridtrain.datasets.sample_data import generate_churn
+    from hybridtrain.specs.job import Treatment, load_spec
 
     spec = load_spec(ROOT / "jobs" / "churn.yaml")
     frame = generate_churn(args.rows)

@@ -1,6 +1,6 @@
 """Checkpoint overhead: training throughput with checkpoints at the spec's interval vs without, same run.
 
-The data is the generated churn sample (``hybridtrain.sample_data.generate_churn``, ``--rows``),
+The data is the generated churn sample (``hybridtrain.datasets.sample_data.generate_churn``, ``--rows``),
 labelled rows only, ``date_of_birth`` as its year (what anonymization makes of it), split 90/10
 into train and validation. The model, its features, the checkpoint block and the CPU threads
 (``resources.cpus``, as the train stage sets them) are the demo spec's (``jobs/churn.yaml``).
@@ -53,7 +53,7 @@ SPOT_RATE_PER_H = 0.5
 def frames(rows: int, label: str):
     import pandas as pd
 
-    from hybridtrain.sample_data import generate_churn
+    from hybridtrain.datasets.sample_data import generate_churn
 
     df = generate_churn(rows)
     df = df[df[label].notna()].copy()
@@ -64,9 +64,9 @@ def frames(rows: int, label: str):
 
 
 def fit_once(spec, checkpoint, train, val, store_dir: Path, threads: int):
-    from hybridtrain.checkpoint import CheckpointStore
-    from hybridtrain.object_store import LocalObjectStore
-    from hybridtrain.trainer import Trainer
+    from hybridtrain.storage.object_store import LocalObjectStore
+    from hybridtrain.training.checkpoint import CheckpointStore
+    from hybridtrain.training.trainer import Trainer
 
     store = CheckpointStore.for_run(LocalObjectStore(store_dir), spec.name, "bench", keep_last=checkpoint.keep_last)
     trainer = Trainer(spec.model, checkpoint, store, spec.data_schema.label, device="cpu",
@@ -97,9 +97,9 @@ def s3_write_seconds(state: dict, saves: int, tmp: Path) -> float:
     """Mean seconds of ``CheckpointStore.save`` of ``state`` into a bucket on a local moto server."""
     import boto3
 
-    from hybridtrain.checkpoint import CheckpointStore
-    from hybridtrain.s3_store import S3ObjectStore
-    from hybridtrain.sites import S3Store
+    from hybridtrain.specs.sites import S3Store
+    from hybridtrain.storage.s3 import S3ObjectStore
+    from hybridtrain.training.checkpoint import CheckpointStore
 
     proc, url = start_moto(tmp / "moto.log")
     try:
@@ -127,8 +127,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
-    from hybridtrain.checkpoint_interval import optimal_interval_s
-    from hybridtrain.spec import parse_spec
+    from hybridtrain.specs.job import parse_spec
+    from hybridtrain.training.checkpoint_interval import optimal_interval_s
 
     spec = parse_spec(yaml.safe_load((ROOT / "jobs" / "churn.yaml").read_text()), source="jobs/churn.yaml")
     with_ckpt = spec.checkpoint

@@ -49,7 +49,7 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
 def make_workspace(base: Path, rows: int) -> Path:
-    from hybridtrain.cli import ensure_sample_data
+    from hybridtrain.cli.main import ensure_sample_data
     from hybridtrain.workspace import Workspace
 
     ws_root = base / "ws"
@@ -64,10 +64,10 @@ def make_workspace(base: Path, rows: int) -> Path:
 def plain_lifecycle(ws, spec_path: Path, key: bytes, signing_pem: str, run_key: str) -> dict[str, float]:
     """The flow's stage sequence, as direct calls of the same core functions; seconds per stage."""
     from hybridtrain import stages
-    from hybridtrain.spec import load_spec
+    from hybridtrain.specs.job import load_spec
 
     started = time.perf_counter()
-    spec = load_spec(spec_path, stages.load_sites(ws))
+    spec = load_spec(spec_path, ws.load_sites())
     run_id = stages.open_run(ws, spec, None)
     prep = stages.preprocess(ws, spec)
     anon = stages.anonymize(ws, spec, prep.curated, key)
@@ -96,8 +96,13 @@ def plain_lifecycle(ws, spec_path: Path, key: bytes, signing_pem: str, run_key: 
 def wait_recorded(flow_run_id, n: int, timeout_s: float = 120.0) -> None:
     """Poll until the server has recorded ``n`` completed task runs of ``flow_run_id``."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId, TaskRunFilter,
-                                                TaskRunFilterState, TaskRunFilterStateType)
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
     from prefect.client.schemas.objects import StateType
 
     runs = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
@@ -187,7 +192,6 @@ def main() -> None:
 
         from blocks.register import ensure_pseudonym_key, ensure_release_key, release_key_pem
         from flows.lifecycle import lifecycle
-        from hybridtrain import stages
         from hybridtrain.workspace import Workspace
         from tasks.data import pseudonym_key
 

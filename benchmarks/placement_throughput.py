@@ -22,13 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hybridtrain.errors import NoFeasiblePlacement  # noqa: E402
-from hybridtrain.placement import Placement  # noqa: E402
-from hybridtrain.policy import Policy  # noqa: E402
-from hybridtrain.queue_state import QueuedRun, QueueState  # noqa: E402
-from hybridtrain.request import DataTier, ResourceRequest  # noqa: E402
-from hybridtrain.sites import Site  # noqa: E402
-from hybridtrain.spec import Sensitivity  # noqa: E402
-from hybridtrain.spot_market import SpotOutlook  # noqa: E402
+from hybridtrain.placement.engine import Placement  # noqa: E402
+from hybridtrain.placement.policy import Policy  # noqa: E402
+from hybridtrain.placement.queue_state import QueuedRun, QueueState  # noqa: E402
+from hybridtrain.placement.request import DataTier, ResourceRequest  # noqa: E402
+from hybridtrain.placement.spot_market import SpotOutlook  # noqa: E402
+from hybridtrain.specs.job import Sensitivity  # noqa: E402
+from hybridtrain.specs.sites import Site  # noqa: E402
 
 TARGET = 50_000
 N_SITES = 100

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hybridtrain.comparison import run_comparison  # noqa: E402
+from hybridtrain.simulation.comparison import run_comparison  # noqa: E402
 
 TARGET_S = 10.0
 

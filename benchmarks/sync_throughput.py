@@ -129,18 +129,18 @@ class Pipeline:
 
     def __init__(self, root: Path, rows: int, key: bytes):
         from hybridtrain import stages
-        from hybridtrain.cli import ensure_sample_data
+        from hybridtrain.cli.main import ensure_sample_data
         from hybridtrain.workspace import Workspace
 
         self.ws = Workspace.resolve(root, tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
         self.key = key
-        self.sites = stages.load_sites(self.ws)
+        self.sites = self.ws.load_sites()
         ensure_sample_data(self.ws, rows, 20261121, Path("jobs/bench.yaml"))
         self.repo = stages.workspace_repo(self.ws, self.sites, "onprem-dc1")
 
     def approved(self):
         from hybridtrain import stages
-        from hybridtrain.spec import load_spec
+        from hybridtrain.specs.job import load_spec
 
         spec = load_spec(self.ws.root / "jobs" / "bench.yaml", self.sites)
         prep = stages.preprocess(self.ws, spec)
@@ -148,7 +148,7 @@ class Pipeline:
         return anon.approved, anon.report
 
     def sync(self, version):
-        from hybridtrain.transfer import DataMover
+        from hybridtrain.datasets.transfer import DataMover
 
         return DataMover(self.repo).sync_dataset(version, self.sites.get("onprem-dc1"), self.sites.get("cloud-eu"))
 
@@ -157,7 +157,7 @@ class Pipeline:
         import numpy as np
         import pandas as pd
 
-        from hybridtrain.sample_data import SNAPSHOT
+        from hybridtrain.datasets.sample_data import SNAPSHOT
 
         raw = self.ws.path("data/raw/churn.csv")
         df = pd.read_csv(raw, dtype=str, keep_default_na=False)

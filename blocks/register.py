@@ -9,7 +9,7 @@ from pathlib import Path
 from prefect.blocks.system import Secret
 
 from blocks.site import SiteBlock
-from hybridtrain.sites import SitesCatalog
+from hybridtrain.specs.sites import SitesCatalog
 
 
 def ensure_pseudonym_key(block_name: str) -> bool:
@@ -31,7 +31,7 @@ SECRET_FIELDS = ("aws_access_key_id", "aws_secret_access_key", "ssh_private_key"
 def ensure_release_key(block_name: str, public_key_file: Path) -> bool:
     """Create the Ed25519 release signing key once (in a Secret block; never overwritten) and write
     its public half to ``public_key_file`` for release targets and the CLI. True when created."""
-    from hybridtrain.signing_key import SigningKey
+    from hybridtrain.governance.signing_key import SigningKey
 
     try:
         key = SigningKey.from_pem(Secret.load(block_name).get())

@@ -7,8 +7,8 @@ from typing import Any, Literal
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
-from hybridtrain.site_secrets import SiteSecret, SiteSecrets
-from hybridtrain.sites import Site, SitesCatalog
+from hybridtrain.specs.secrets import SiteSecret, SiteSecrets
+from hybridtrain.specs.sites import Site, SitesCatalog
 from hybridtrain.workspace import Workspace
 
 

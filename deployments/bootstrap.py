@@ -13,7 +13,7 @@ from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.workers.process import ProcessWorker
 
 from blocks.register import ensure_pseudonym_key, ensure_release_key, register_sites
-from hybridtrain.sites import SitesCatalog
+from hybridtrain.specs.sites import SitesCatalog
 from hybridtrain.workspace import Workspace
 
 

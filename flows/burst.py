@@ -8,12 +8,11 @@ from datetime import UTC, datetime
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
-from hybridtrain import stages
-from hybridtrain.burst import plan_bursts
-from hybridtrain.placement import Placement
-from hybridtrain.policy import Policy
-from hybridtrain.prefect_queues import burst_inputs
 from flows.context import run_workspace
+from hybridtrain.placement.burst import plan_bursts
+from hybridtrain.placement.engine import Placement
+from hybridtrain.placement.policy import Policy
+from hybridtrain.remote.prefect_queues import burst_inputs
 from tasks.burst import announce_release, read_pool, read_queues, relocate
 
 
@@ -25,7 +24,7 @@ def burst_controller(workspace: str | None = None, interval_s: float = 120.0) ->
     deadline (or the wait SLO) here, the engine picks another allowed site, and its data may leave.
     """
     ws = run_workspace(workspace)
-    sites = stages.load_sites(ws)
+    sites = ws.load_sites()
     placement = Placement(sites, Policy.load(ws.policy_file, sites))
     queues = read_queues(ws)
     actions: list[dict] = []

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
-
 import time
+from typing import Any, Literal, TypeVar
 from uuid import UUID
 
 from prefect import Flow, get_run_logger
-from prefect.client.schemas.objects import FlowRun
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from pydantic import BaseModel
@@ -74,7 +73,7 @@ def run_stage(stage_flow: Flow, result_type: type[R], *, site: str, params: dict
     """
     inline = mode == "inline"
     if not inline:
-        pool = stages.load_sites(ws).get(site).work_pool
+        pool = ws.load_sites().get(site).work_pool
         name = deployment_name(stage_flow, pool)
         inline = mode == "auto" and not has_deployment(name)
     if inline:

@@ -1,4 +1,4 @@
-"""Failover drill flow: the core drill (``hybridtrain.drill``) on a schedule, its report as a Prefect artifact."""
+"""Failover drill flow: the core drill (``hybridtrain.drill.drill``) on a schedule, its report as a Prefect artifact."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.context import run_workspace
-from hybridtrain.drill import DEFAULT_STEPS, RecoveryFailed, check_scenarios, run_drill
+from hybridtrain.drill.drill import DEFAULT_STEPS, RecoveryFailed, check_scenarios, run_drill
 
 
 @flow(name="failover-drill")

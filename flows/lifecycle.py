@@ -10,18 +10,18 @@ import time
 from pathlib import Path
 
 from prefect import flow, pause_flow_run, runtime, task
+from prefect.artifacts import create_markdown_artifact
 from prefect.input import RunInput
 from pydantic import Field
-from prefect.artifacts import create_markdown_artifact
 
+from flows.context import run_workspace
 from flows.data import Prepared, prepare_data, sync_data
 from flows.dispatch import Mode, run_stage
 from flows.supervise import train_with_recovery
 from hybridtrain import stages
-from hybridtrain.registry import Registry
-from hybridtrain.spec import JobSpec, load_spec, parse_spec
-from hybridtrain.summary import RunSummary
-from flows.context import run_workspace
+from hybridtrain.specs.job import JobSpec, load_spec, parse_spec
+from hybridtrain.tracking.model_registry import Registry
+from hybridtrain.tracking.summary import RunSummary
 from hybridtrain.workspace import Workspace
 from tasks.burst import Relocation
 from tasks.placement import place
@@ -33,7 +33,7 @@ QUEUE_ALLOWANCE_S = 3600
 
 @task(name="validate-spec")
 def validate_spec(ws: Workspace, spec_path: str, spec: JobSpec | None) -> JobSpec:
-    sites = stages.load_sites(ws)
+    sites = ws.load_sites()
     if spec is not None:
         return parse_spec(spec.to_dict(), source="spec parameter", sites=sites)
     path = Path(spec_path)

@@ -1,6 +1,6 @@
 """Training under supervision: dispatch the train stage, and recover from preemptions, lost sites and failures.
 
-The rules are ``hybridtrain.recovery``'s (Prefect-free); this module gives them Prefect's hands:
+The rules are ``hybridtrain.training.recovery``'s (Prefect-free); this module gives them Prefect's hands:
 the train stage goes to the placed site's pool (``run_stage``), placement is asked again with
 live queues and site health (``tasks.placement.place``, ``tasks.health.check_sites``), the
 checkpoint and the approved data follow the run to its new site (``move_checkpoint``,
@@ -19,13 +19,13 @@ from flows.data import sync_data
 from flows.dispatch import Mode, run_stage
 from flows.training import AttemptEnd, Trained, train_stage
 from hybridtrain import stages
-from hybridtrain.dvc_repo import DatasetVersion
+from hybridtrain.datasets.dvc_repo import DatasetVersion
+from hybridtrain.datasets.transfer import TransferRecord
 from hybridtrain.errors import Preempted, SiteUnavailable, StageFailed, TransientError
-from hybridtrain.ledger import AttemptOutcome, AttemptRecord
-from hybridtrain.recovery import Attempt, Outcome, Placed, Supervisor
-from hybridtrain.registry import Registry
-from hybridtrain.spec import JobSpec
-from hybridtrain.transfer import TransferRecord
+from hybridtrain.governance.ledger import AttemptOutcome, AttemptRecord
+from hybridtrain.specs.job import JobSpec
+from hybridtrain.tracking.model_registry import Registry
+from hybridtrain.training.recovery import Attempt, Outcome, Placed, Supervisor
 from hybridtrain.workspace import Workspace
 from tasks.health import check_sites
 from tasks.placement import place

@@ -23,21 +23,22 @@ from datetime import UTC, datetime
 from uuid import UUID
 
 from prefect import flow, get_run_logger, runtime
-from prefect.variables import Variable
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, VariableCreate, VariableUpdate
-# Pinned Prefect 3.8.8: the pieces of prefect.concurrency.sync.concurrency(), used directly for the lease id.
-from prefect.concurrency.context import ConcurrencyContext
 from prefect.concurrency._leases import maintain_concurrency_lease
 from prefect.concurrency._sync import acquire_concurrency_slots_with_lease, release_concurrency_slots_with_lease
+
+# Pinned Prefect 3.8.8: the pieces of prefect.concurrency.sync.concurrency(), used directly for the lease id.
+from prefect.concurrency.context import ConcurrencyContext
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound, PrefectHTTPStatusError
+from prefect.variables import Variable
 from pydantic import BaseModel
 
-from hybridtrain import stages
-from hybridtrain.dvc_repo import DatasetVersion
-from hybridtrain.errors import HybridtrainError, Preempted, SiteUnavailable, is_retryable
-from hybridtrain.spec import JobSpec
 from flows.context import run_workspace
+from hybridtrain import stages
+from hybridtrain.datasets.dvc_repo import DatasetVersion
+from hybridtrain.errors import HybridtrainError, Preempted, SiteUnavailable, is_retryable
+from hybridtrain.specs.job import JobSpec
 from tasks.training import evaluate, train
 
 #: Seconds a dead holder keeps the job's lease (it is renewed while the holder lives; the server's minimum is 60).

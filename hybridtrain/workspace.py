@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from hybridtrain.specs.sites import SitesCatalog
+
 if TYPE_CHECKING:
-    from hybridtrain.site_secrets import SiteSecrets
+    from hybridtrain.specs.secrets import SiteSecrets
 
 STATE_DIR = ".hybridtrain"
 SECRET_BLOCK = "hybridtrain-pseudonym-key"
@@ -67,6 +69,11 @@ class Workspace:
 
     def with_secrets(self, secrets: SiteSecrets | None) -> Workspace:
         return replace(self, secrets=secrets)
+
+    def load_sites(self) -> SitesCatalog:
+        """The sites catalog of the workspace, with the credentials it carries in memory merged in."""
+        catalog = SitesCatalog.load(self.sites_file)
+        return self.secrets.apply(catalog) if self.secrets is not None else catalog
 
     def with_actor(self, actor: str) -> Workspace:
         return replace(self, actor=actor)

@@ -12,9 +12,9 @@ from prefect.states import Cancelled
 from pydantic import BaseModel
 
 from hybridtrain import stages
-from hybridtrain.dvc_repo import DatasetVersion
-from hybridtrain.prefect_queues import PoolRun, PrefectQueues
-from hybridtrain.transfer import TransferRecord
+from hybridtrain.datasets.dvc_repo import DatasetVersion
+from hybridtrain.datasets.transfer import TransferRecord
+from hybridtrain.remote.prefect_queues import PoolRun, PrefectQueues
 from hybridtrain.workspace import Workspace
 from tasks.retry import BACKOFF_S, only_transient
 
@@ -35,13 +35,13 @@ class Relocation(BaseModel):
 
 @task(name="read-pool")
 def read_pool(ws: Workspace, site: str) -> list[PoolRun]:
-    sites = stages.load_sites(ws)
+    sites = ws.load_sites()
     return PrefectQueues(sites).runs(sites.get(site).work_pool)
 
 
 @task(name="read-queues")
 def read_queues(ws: Workspace) -> dict:
-    return PrefectQueues(stages.load_sites(ws)).snapshot(datetime.now(UTC))
+    return PrefectQueues(ws.load_sites()).snapshot(datetime.now(UTC))
 
 
 @task(name="relocate", retries=2, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
@@ -51,7 +51,7 @@ def relocate(ws: Workspace, run: PoolRun, from_site: str, to_site: str, reason: 
     The replacement is created first and the original cancelled only while it is still
     scheduled; if it started meanwhile, the replacement is deleted and nothing moves.
     """
-    sites = stages.load_sites(ws)
+    sites = ws.load_sites()
     target = sites.get(to_site)
     approved = DatasetVersion.model_validate(run.parameters["approved"])
     synced = stages.sync(ws, approved, to_site, run.spec)
@@ -75,7 +75,7 @@ def relocate(ws: Workspace, run: PoolRun, from_site: str, to_site: str, reason: 
     mlflow_run = run.parameters.get("run_id")
     if mlflow_run:
         stages.save_result(ws, mlflow_run, "relocation", moved)
-    emit_event(event="hybridtrain.burst.moved", resource={"prefect.resource.id": f"prefect.flow-run.{new.id}"},
+    emit_event(event="hybridtrain.placement.burst.moved", resource={"prefect.resource.id": f"prefect.flow-run.{new.id}"},
                payload=moved.model_dump(mode="json"))
     return moved
 
@@ -83,5 +83,5 @@ def relocate(ws: Workspace, run: PoolRun, from_site: str, to_site: str, reason: 
 @task(name="announce-release")
 def announce_release(site: str, reason: str) -> None:
     """Tell automations that burst capacity can go (e.g. scale cloud workers down)."""
-    emit_event(event="hybridtrain.burst.release", resource={"prefect.resource.id": f"hybridtrain.site.{site}"},
+    emit_event(event="hybridtrain.placement.burst.release", resource={"prefect.resource.id": f"hybridtrain.site.{site}"},
                payload={"reason": reason})

@@ -6,9 +6,9 @@ from prefect import task
 from prefect.blocks.system import Secret
 
 from hybridtrain import stages
-from hybridtrain.dvc_repo import DatasetVersion
+from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import Problem, SpecError
-from hybridtrain.spec import JobSpec
+from hybridtrain.specs.job import JobSpec
 from hybridtrain.workspace import Workspace
 from tasks.retry import BACKOFF_S, only_transient
 

@@ -6,7 +6,7 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 
 from hybridtrain import stages
-from hybridtrain.site_health import unavailable
+from hybridtrain.remote.site_health import unavailable
 from hybridtrain.workspace import Workspace
 
 

@@ -8,8 +8,8 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
 from hybridtrain import stages
-from hybridtrain.prefect_queues import PrefectQueues
-from hybridtrain.spec import JobSpec
+from hybridtrain.remote.prefect_queues import PrefectQueues
+from hybridtrain.specs.job import JobSpec
 from hybridtrain.workspace import Workspace
 from tasks.retry import BACKOFF_S, only_transient
 
@@ -19,7 +19,7 @@ def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, run_id: str,
           unavailable: dict[str, str] | None = None) -> stages.PlacementOutcome:
     """Place the training; ``unavailable`` (site → reason: unhealthy, just lost the run) is left out."""
     now = datetime.now(UTC)
-    queues = PrefectQueues(stages.load_sites(ws)).snapshot(now)
+    queues = PrefectQueues(ws.load_sites()).snapshot(now)
     outcome = stages.place(ws, spec, dataset_bytes, queues, now, stages.estimate_run_hours(ws, spec), unavailable)
     stages.record_placement(ws, run_id, outcome, spec.name)
     create_markdown_artifact(outcome.to_markdown(), key=f"placement-{spec.name}",

@@ -6,9 +6,9 @@ from prefect import task
 
 from blocks.register import release_key_pem
 from hybridtrain import stages
-from hybridtrain.lineage import Lineage
-from hybridtrain.transfer import TransferRecord
-from hybridtrain.spec import JobSpec
+from hybridtrain.datasets.transfer import TransferRecord
+from hybridtrain.specs.job import JobSpec
+from hybridtrain.tracking.lineage import Lineage
 from hybridtrain.workspace import Workspace
 from tasks.retry import BACKOFF_S, only_transient
 

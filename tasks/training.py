@@ -8,9 +8,9 @@ from contextlib import nullcontext
 from prefect import get_run_logger, task
 
 from hybridtrain import stages
-from hybridtrain.dvc_repo import DatasetVersion
-from hybridtrain.preemption import PreemptionNotice
-from hybridtrain.spec import JobSpec
+from hybridtrain.datasets.dvc_repo import DatasetVersion
+from hybridtrain.specs.job import JobSpec
+from hybridtrain.training.preemption import PreemptionNotice
 from hybridtrain.workspace import Workspace
 from tasks.retry import BACKOFF_S, only_transient
 
@@ -19,7 +19,7 @@ from tasks.retry import BACKOFF_S, only_transient
 def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run_id: str,
           run_key: str) -> stages.TrainOutput:
     """Train (resuming the newest valid checkpoint of ``run_key``). No task retries: the lifecycle's
-    recovery (``hybridtrain.recovery``) decides after a preemption, a lost site or a failure.
+    recovery (``hybridtrain.training.recovery``) decides after a preemption, a lost site or a failure.
 
     In this process, SIGTERM/SIGUSR1 (a pool shutting the worker down, a spot notice) is a
     preemption notice: the step in progress ends, a checkpoint is written and ``Preempted`` is

@@ -14,8 +14,8 @@ from sklearn.metrics import roc_auc_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from hybridtrain.sample_data import COLUMNS, SNAPSHOT, generate_churn, write_churn_csv
-from hybridtrain.spec import ColumnType, load_spec
+from hybridtrain.datasets.sample_data import COLUMNS, SNAPSHOT, generate_churn, write_churn_csv
+from hybridtrain.specs.job import ColumnType, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 30_000

@@ -16,7 +16,7 @@ SpecWriter = Callable[..., Path]
 
 
 def build_workspace(dest: Path, rows: int = ROWS) -> Path:
-    from hybridtrain.cli import ensure_sample_data
+    from hybridtrain.cli.main import ensure_sample_data
     from hybridtrain.workspace import Workspace
 
     root = make_workspace(dest)

@@ -39,7 +39,7 @@ def test_promotion_waits_for_approval_and_records_who_approved(root):
     from prefect.flow_runs import resume_flow_run
 
     from flows.lifecycle import lifecycle
-    from hybridtrain.registry import Registry
+    from hybridtrain.tracking.model_registry import Registry
     from hybridtrain.workspace import Workspace
 
     spec = spec_writer(root)("approve", promotion__require_approval=True, promotion__approval_timeout_s=PAUSE_TIMEOUT_S)
@@ -63,7 +63,7 @@ def test_promotion_waits_for_approval_and_records_who_approved(root):
 
 def test_data_may_only_be_synced_to_sites_the_policy_allows(root):
     from hybridtrain import stages
-    from hybridtrain.spec import load_spec
+    from hybridtrain.specs.job import load_spec
     from hybridtrain.workspace import Workspace
 
     ws = Workspace.resolve(root)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridtrain.sites import SitesCatalog
+from hybridtrain.specs.sites import SitesCatalog
 from hybridtrain.workspace import Workspace
 from tests.conftest import ROOT, make_workspace
 

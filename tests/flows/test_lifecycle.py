@@ -39,7 +39,7 @@ def runs(prefect_server, pseudonym_key, tmp_path_factory):
 
 
 def registry(root: Path):
-    from hybridtrain.registry import Registry
+    from hybridtrain.tracking.model_registry import Registry
     from hybridtrain.workspace import Workspace
 
     ws = Workspace.resolve(root)
@@ -63,7 +63,7 @@ def test_champion_moves_only_for_a_better_model(runs):
     reg = registry(runs["root"])
     assert reg.by_alias("churn-classifier", "champion").version == "2"
     assert reg.by_alias("churn-classifier", "previous").version == "1"
-    assert reg.version("churn-classifier", "3").tags["hybridtrain.promotion"] == "not-promoted"
+    assert reg.version("churn-classifier", "3").tags["hybridtrain.governance.promotion"] == "not-promoted"
     # Even on this small sample the strong model ranks well; the demo-size check is in tests/model.
     assert b.metrics["auc"] > 0.75, b.metrics
 
@@ -76,7 +76,7 @@ def test_lineage_tags_equal_the_dvc_versions(runs):
     assert tags["hybridtrain.dataset.approved.md5"] == dvc_md5(root, "data/approved/churn")
     assert tags["hybridtrain.site"] == "cloud-eu"
     assert tags["hybridtrain.job"] == "churn"
-    from hybridtrain.spec import load_spec
+    from hybridtrain.specs.job import load_spec
 
     assert tags["hybridtrain.spec_hash"] == load_spec(root / "jobs" / "strong.yaml").spec_hash()
     assert tags["hybridtrain.code_version"]  # "unknown" only outside git; the workspace is a git repo
@@ -160,7 +160,7 @@ def test_each_stage_result_is_kept_in_the_lifecycle_run(runs):
 
 
 def test_every_step_is_in_the_audit_log_and_the_chain_verifies(runs):
-    from hybridtrain.audit_log import AuditLog
+    from hybridtrain.governance.audit_log import AuditLog
 
     log = AuditLog.in_workspace(runs["root"])
     report = log.verify()
@@ -177,8 +177,8 @@ def test_every_step_is_in_the_audit_log_and_the_chain_verifies(runs):
 def test_the_champion_is_released_signed_to_every_target(runs):
     import json
 
-    from hybridtrain.bundle import ModelBundle
-    from hybridtrain.signing_key import VerifyKey
+    from hybridtrain.governance.bundle import ModelBundle
+    from hybridtrain.governance.signing_key import VerifyKey
 
     root = runs["root"]
     onprem = root / ".hybridtrain" / "serving" / "onprem"
@@ -196,7 +196,7 @@ def test_the_champion_is_released_signed_to_every_target(runs):
 def test_ledger_is_attached_to_each_version_and_printed(runs):
     from typer.testing import CliRunner
 
-    from hybridtrain.cli import app
+    from hybridtrain.cli.main import app
 
     tags = registry(runs["root"]).version("churn-classifier", "2").tags
     assert float(tags["hybridtrain.cost.total_usd"]) == pytest.approx(runs["b"].cost_usd, abs=1e-6)  # tag: 6 decimals
@@ -210,7 +210,7 @@ def test_rollback_moves_the_champion_back_everywhere(runs):
 
     from typer.testing import CliRunner
 
-    from hybridtrain.cli import app
+    from hybridtrain.cli.main import app
 
     root = runs["root"]
     out = CliRunner().invoke(app, ["rollback", "churn-classifier", "--spec", str(root / "jobs" / "strong.yaml"),
@@ -221,6 +221,6 @@ def test_rollback_moves_the_champion_back_everywhere(runs):
     for target in (root / ".hybridtrain" / "serving" / "onprem", root / ".hybridtrain" / "stores" / "cloud-eu" /
                    "releases"):
         assert json.loads((target / "current" / "churn-classifier.json").read_text())["version"] == "1"
-    from hybridtrain.audit_log import AuditLog
+    from hybridtrain.governance.audit_log import AuditLog
 
     assert list(AuditLog.in_workspace(root).records())[-1].action == "rollback"

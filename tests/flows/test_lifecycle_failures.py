@@ -44,7 +44,7 @@ def retrack(root, df: pd.DataFrame, name: str) -> str:
     ws = Workspace.resolve(root)
     path = f"data/raw/{name}.csv"
     df.to_csv(root / path, index=False)
-    repo = stages.workspace_repo(ws, stages.load_sites(ws), "onprem-dc1")
+    repo = stages.workspace_repo(ws, ws.load_sites(), "onprem-dc1")
     v = repo.add(path, "raw", "onprem-dc1")
     repo.push(v, "onprem-dc1")
     return v.md5
@@ -72,7 +72,7 @@ def test_raw_value_in_another_column_is_caught_and_nothing_is_synced(root):
     assert "nothing was synced" in str(exc)
     cloud_store = root / ".hybridtrain" / "stores" / "cloud-eu" / "dvc"
     assert not cloud_store.exists() or not any(cloud_store.rglob("*"))
-    from hybridtrain.registry import Registry
+    from hybridtrain.tracking.model_registry import Registry
     from hybridtrain.workspace import Workspace
 
     ws = Workspace.resolve(root)

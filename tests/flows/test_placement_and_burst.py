@@ -22,7 +22,7 @@ def env(prefect_server, pseudonym_key, tmp_path_factory):
     from deployments.bootstrap import bootstrap
     from flows.data import prepare_data
     from hybridtrain import stages
-    from hybridtrain.spec import load_spec
+    from hybridtrain.specs.job import load_spec
 
     root = build_workspace(tmp_path_factory.mktemp("burst") / "ws")
     for pkg in ("flows", "tasks", "blocks", "workers"):
@@ -71,10 +71,10 @@ def filled_pool(env):
 
 def decide(env):
     from hybridtrain import stages
-    from hybridtrain.prefect_queues import PrefectQueues
+    from hybridtrain.remote.prefect_queues import PrefectQueues
 
     now = datetime.now(UTC)
-    queues = PrefectQueues(stages.load_sites(env["ws"])).snapshot(now)
+    queues = PrefectQueues(env["ws"].load_sites()).snapshot(now)
     return stages.place(env["ws"], env["specs"]["new"], env["approved"].size, queues, now), queues
 
 
@@ -102,11 +102,11 @@ def test_lifecycle_bursts_when_the_onprem_pool_is_full(env, filled_pool):
     assert summary.placement["site"] == "cloud-eu"
     assert [s.site for s in summary.stages if s.stage == "train"] == ["cloud-eu"]
     assert summary.sync_route == "onprem-dc1->cloud-eu"
-    from hybridtrain.registry import Registry
+    from hybridtrain.tracking.model_registry import Registry
 
     tags = Registry(env["ws"].tracking_uri).client.get_run(summary.mlflow_run_id).data.tags
-    assert tags["hybridtrain.placement.site"] == "cloud-eu"
-    assert tags["hybridtrain.placement.meets_deadline"] == "true"
+    assert tags["hybridtrain.placement.engine.site"] == "cloud-eu"
+    assert tags["hybridtrain.placement.engine.meets_deadline"] == "true"
 
 
 def test_burst_controller_moves_late_runs_and_holds_data_that_may_not_leave(env, filled_pool):

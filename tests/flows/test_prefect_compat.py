@@ -70,8 +70,7 @@ def test_clients_share_one_tls_context_built_as_prefect_builds_it(monkeypatch, t
 
     import certifi
     from prefect.client.orchestration import PrefectClient, SyncPrefectClient
-    from prefect.settings import (PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY,
-                                  temporary_settings)
+    from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY, temporary_settings
 
     from flows import prefect_compat
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridtrain.drill import LoopbackSshd, child_pids, keygen, known_host_line, stop_with_children
-from hybridtrain.sites import SshHost
+from hybridtrain.drill.drill import LoopbackSshd, child_pids, keygen, known_host_line, stop_with_children
+from hybridtrain.specs.sites import SshHost
 
 SSHD_START_TIMEOUT_S = 15.0
 
@@ -37,7 +37,7 @@ class SshServer:
 
 
 def start_sshd(d: Path, port: int | None = None) -> tuple[subprocess.Popen, SshServer]:
-    """The drill's loopback sshd (``hybridtrain.drill.LoopbackSshd``) with the keys in ``d`` on ``port``
+    """The drill's loopback sshd (``hybridtrain.drill.drill.LoopbackSshd``) with the keys in ``d`` on ``port``
     (default: a free one), plus a key it refuses and a wrong host key for the tests that need them.
 
     Starting again with the same ``d`` and port brings "the same host" back. Stop it with ``stop_sshd``.
@@ -102,7 +102,7 @@ class S3Env:
         return self.server.url
 
     def store(self, prefix: str = "", bucket: str | None = None, key: str = "testing", secret: str = "testing"):
-        from hybridtrain.sites import S3Store
+        from hybridtrain.specs.sites import S3Store
 
         return S3Store(bucket=bucket or self.bucket, prefix=prefix, endpoint_url=self.endpoint,
                        access_key_id=key, secret_access_key=secret)

@@ -23,12 +23,12 @@ from typing import Any
 import pandas as pd
 import torch
 
-from hybridtrain.checkpoint import CheckpointStore
 from hybridtrain.errors import EXIT_PREEMPTED, Preempted
-from hybridtrain.object_store import LocalObjectStore
-from hybridtrain.preemption import PreemptionNotice
-from hybridtrain.spec import CheckpointSpec
-from hybridtrain.trainer import Trainer
+from hybridtrain.specs.job import CheckpointSpec
+from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.training.checkpoint import CheckpointStore
+from hybridtrain.training.preemption import PreemptionNotice
+from hybridtrain.training.trainer import Trainer
 from tests.model.test_trainer import LABEL, SPEC, make_frame
 
 

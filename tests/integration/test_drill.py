@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from hybridtrain.drill import EXPERIMENT, JOB, DrillReport, ScenarioResult, run_drill, scenario_names
+from hybridtrain.drill.drill import EXPERIMENT, JOB, DrillReport, ScenarioResult, run_drill, scenario_names
 from hybridtrain.errors import SpecError
 from hybridtrain.workspace import Workspace
 from tests.conftest import ROOT, make_workspace
@@ -155,7 +155,7 @@ def test_impossible_step_settings_are_refused_before_anything_runs(tmp_path):
 
 
 def test_the_cli_refuses_an_unknown_scenario_and_lists_the_valid_ones(tmp_path, monkeypatch):
-    from hybridtrain.cli import app
+    from hybridtrain.cli.main import app
 
     monkeypatch.setattr(os, "environ", os.environ.copy())  # the CLI sets Prefect/DVC defaults for its process
     result = CliRunner().invoke(app, ["drill", "--scenario", "kill-9", "--scenario", "kill-10",

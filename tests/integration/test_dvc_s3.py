@@ -10,14 +10,14 @@ import pandas as pd
 import pytest
 import yaml
 
-from hybridtrain import partitioned
-from hybridtrain.dvc_repo import DvcRepo
+from hybridtrain.datasets import partitioned
+from hybridtrain.datasets.dvc_repo import DvcRepo
+from hybridtrain.datasets.preprocess import Preprocessor
+from hybridtrain.datasets.sample_data import write_churn_csv
 from hybridtrain.errors import SiteUnavailable, SpecError
-from hybridtrain.preprocess import Preprocessor
-from hybridtrain.s3_store import S3ObjectStore
-from hybridtrain.sample_data import write_churn_csv
-from hybridtrain.sites import Site
-from hybridtrain.spec import parse_spec
+from hybridtrain.specs.job import parse_spec
+from hybridtrain.specs.sites import Site
+from hybridtrain.storage.s3 import S3ObjectStore
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -38,30 +38,38 @@ import pandas as pd
 import pytest
 import torch
 
-from hybridtrain import partitioned
-from hybridtrain.checkpoint import CheckpointInfo, CheckpointStore
-from hybridtrain.drill import wait_until as poll_until
-from hybridtrain.dvc_repo import DvcRepo
+from hybridtrain.datasets import partitioned
+from hybridtrain.datasets.dvc_repo import DvcRepo
+from hybridtrain.drill.drill import wait_until as poll_until
 from hybridtrain.errors import EXIT_PREEMPTED, Preempted, SiteUnavailable, is_retryable
-from hybridtrain.object_store import LocalObjectStore
-from hybridtrain.placement import HEALTH_RULE, Placement
-from hybridtrain.policy import Policy
-from hybridtrain.preemption import PreemptionReport
-from hybridtrain.remote_training import ssh_train
-from hybridtrain.request import ResourceRequest
-from hybridtrain.s3_store import MiB, S3ObjectStore, S3Options
-from hybridtrain.site_health import check_site, unavailable
-from hybridtrain.sites import LocalStore, Site
-from hybridtrain.spec import Sensitivity, parse_spec
-from hybridtrain.ssh_site import SshSite, Timeouts
-from hybridtrain.trainer import Trainer
+from hybridtrain.placement.engine import HEALTH_RULE, Placement
+from hybridtrain.placement.policy import Policy
+from hybridtrain.placement.request import ResourceRequest
+from hybridtrain.remote.remote_training import ssh_train
+from hybridtrain.remote.site_health import check_site, unavailable
+from hybridtrain.remote.ssh_site import SshSite, Timeouts
+from hybridtrain.specs.job import Sensitivity, parse_spec
+from hybridtrain.specs.sites import LocalStore, Site
+from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.storage.s3 import MiB, S3ObjectStore, S3Options
+from hybridtrain.training.checkpoint import CheckpointInfo, CheckpointStore
+from hybridtrain.training.preemption import PreemptionReport
+from hybridtrain.training.trainer import Trainer
 from hybridtrain.workspace import Workspace
 from tests.conftest import ROOT
 from tests.integration.conftest import start_sshd, stop_sshd
 from tests.integration.fault_worker import setup
 from tests.integration.test_ssh_site import churn_frame
-from tests.model.test_trainer import EVERY_10, LABEL, SPEC, TRAIN, VAL, TOTAL_STEPS, assert_same_weights
-from tests.model.test_trainer import reference  # noqa: F401  (fixture: the uninterrupted 48-step run)
+from tests.model.test_trainer import (
+    EVERY_10,
+    LABEL,
+    SPEC,
+    TOTAL_STEPS,
+    TRAIN,
+    VAL,
+    assert_same_weights,
+    reference,  # noqa: F401  (fixture: the uninterrupted 48-step run)
+)
 
 WAIT_S = 90.0  # bound on every wait for a process or a job in this file
 GRACE_S = 10.0
@@ -75,7 +83,7 @@ FAST_SSH = Timeouts(connect=3, command=20, reconnect=3)
 
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = WAIT_S, every: float = 0.005) -> Any:
-    """The drill's poll-with-deadline (``hybridtrain.drill.wait_until``) with this file's bound."""
+    """The drill's poll-with-deadline (``hybridtrain.drill.drill.wait_until``) with this file's bound."""
     return poll_until(predicate, what, timeout=timeout, every=every)
 
 

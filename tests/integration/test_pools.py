@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hybridtrain.drill import stop_with_children
+from hybridtrain.drill.drill import stop_with_children
 from hybridtrain.workspace import Workspace
 from tests.conftest import ROOT
 from tests.flows.conftest import build_workspace, spec_writer
@@ -124,12 +124,11 @@ def _endpoint(pools) -> str:
 def test_the_reverse_preprocess_in_the_cloud_train_on_prem_over_ssh(pools):
     from flows.lifecycle import lifecycle
     from hybridtrain import stages
-
     ws = pools["ws"]
     from blocks.site import with_site_secrets
 
     secret_ws = with_site_secrets(ws)
-    sites = stages.load_sites(secret_ws)
+    sites = secret_ws.load_sites()
     repo = stages.workspace_repo(secret_ws, sites, "onprem-dc1")
     raw = repo.version("data/raw/churn.csv", "raw", "cloud-eu")
     repo.push(raw, "cloud-eu")  # the raw data of this job lives in the cloud site's store

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hybridtrain.drill import stop_with_children
+from hybridtrain.drill.drill import stop_with_children
 from tests.flows.conftest import build_workspace, spec_writer
 from tests.integration.test_faults import wait_until as wait_for
 
@@ -45,7 +45,7 @@ def checkpoint_steps(root: Path, site: str, job: str, run_key: str) -> list[int]
 
 
 def audit_records(root: Path) -> list[dict]:
-    from hybridtrain.audit_log import AuditLog
+    from hybridtrain.governance.audit_log import AuditLog
 
     return [r.model_dump(mode="json") if hasattr(r, "model_dump") else dict(r)
             for r in AuditLog.in_workspace(root).records()]
@@ -62,7 +62,7 @@ def test_sigterm_mid_training_is_a_preemption_and_the_run_resumes_to_the_end(wor
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "HYBRIDTRAIN_HOME": str(root), "CI": "true"}
     out = root / "run.log"
     with open(out, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "hybridtrain.cli", "run", str(spec), "--run-key", "rk-pre",
+        proc = subprocess.Popen([sys.executable, "-m", "hybridtrain.cli.main", "run", str(spec), "--run-key", "rk-pre",
                                  "--dispatch", "inline"], cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
     try:
@@ -81,7 +81,7 @@ def test_sigterm_mid_training_is_a_preemption_and_the_run_resumes_to_the_end(wor
     assert [a["outcome"].split(":")[0] for a in attempts] == ["preempted", "succeeded"]
     step = attempts[0]["inputs"]["step"]
     assert step >= 25
-    from hybridtrain.registry import Registry
+    from hybridtrain.tracking.model_registry import Registry
     from hybridtrain.workspace import Workspace
 
     ws = Workspace.resolve(root)
@@ -94,9 +94,9 @@ def test_sigterm_mid_training_is_a_preemption_and_the_run_resumes_to_the_end(wor
 
 def test_a_job_whose_data_may_not_leave_waits_for_its_site_instead_of_failing_over(workspace, tmp_path):
     from blocks.register import register_sites, set_credentials
-    from hybridtrain.sites import SitesCatalog
     from flows.lifecycle import lifecycle
-    from hybridtrain.registry import Registry
+    from hybridtrain.specs.sites import SitesCatalog
+    from hybridtrain.tracking.model_registry import Registry
     from hybridtrain.workspace import Workspace
     from tests.integration.conftest import start_sshd, stop_sshd
     from tests.integration.test_faults import kill_job
@@ -175,7 +175,7 @@ def test_a_crashed_lifecycle_run_is_resubmitted_once_and_resumes(workspace, pref
 
     from deployments.bootstrap import bootstrap
     from flows.recovery import RECOVERED, recover_runs
-    from hybridtrain.registry import Registry
+    from hybridtrain.tracking.model_registry import Registry
     from hybridtrain.workspace import Workspace
     from tests.conftest import ROOT
     from tests.integration.test_pools import start_worker, wait_for_workers

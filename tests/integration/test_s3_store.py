@@ -6,18 +6,18 @@ import base64
 import hashlib
 import os
 import threading
-from collections.abc import Callable
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from hybridtrain import stages
-from hybridtrain.checkpoint import CheckpointStore
 from hybridtrain.errors import ChecksumMismatch, SiteUnavailable, SpecError
-from hybridtrain.object_store import LocalObjectStore, ObjectStore, open_store
-from hybridtrain.s3_store import MiB, S3ObjectStore, S3Options
-from hybridtrain.sites import LocalStore, Site
+from hybridtrain.specs.sites import LocalStore, Site
+from hybridtrain.storage.object_store import LocalObjectStore, ObjectStore, open_store
+from hybridtrain.storage.s3 import MiB, S3ObjectStore, S3Options
+from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.workspace import Workspace
 
 # Short timeouts and no botocore-level retries: every fault surfaces within seconds.

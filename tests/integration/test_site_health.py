@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridtrain.site_health import check_site, probe_ssh, probe_store
-from hybridtrain.sites import LocalStore, S3Store, Site
+from hybridtrain.remote.site_health import check_site, probe_ssh, probe_store
+from hybridtrain.specs.sites import LocalStore, S3Store, Site
 from tests.integration.conftest import start_sshd, stop_sshd
 
 TIMEOUT_S = 2.0
@@ -84,7 +84,7 @@ def test_s3_stopped_makes_the_store_unhealthy_and_back_again_healthy(s3, flaky_s
 
 
 def test_a_missing_bucket_is_unhealthy_and_says_which(s3, tmp_path):
-    from hybridtrain.site_health import site_store
+    from hybridtrain.remote.site_health import site_store
 
     gone = site("cloud-x", s3.store(bucket="no-such-bucket-here"))
     check = probe_store(site_store(gone, tmp_path, timeout_s=TIMEOUT_S), timeout_s=TIMEOUT_S)

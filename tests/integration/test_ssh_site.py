@@ -15,17 +15,17 @@ import pandas as pd
 import pytest
 import torch
 
-from hybridtrain import partitioned
-from hybridtrain.checkpoint import CheckpointStore
-from hybridtrain.dvc_repo import DvcRepo
+from hybridtrain.datasets import partitioned
+from hybridtrain.datasets.dvc_repo import DvcRepo
 from hybridtrain.errors import AuthRefused, HostKeyRejected, RemoteJobFailed, SiteUnavailable, is_retryable
-from hybridtrain.job_bundle import JobBundle
-from hybridtrain.object_store import LocalObjectStore
-from hybridtrain.remote_training import ssh_train
-from hybridtrain.sites import LocalStore, Site
-from hybridtrain.spec import parse_spec
-from hybridtrain.ssh_site import SshSite, Timeouts
-from hybridtrain.trainer import Trainer
+from hybridtrain.remote.job_bundle import JobBundle
+from hybridtrain.remote.remote_training import ssh_train
+from hybridtrain.remote.ssh_site import SshSite, Timeouts
+from hybridtrain.specs.job import parse_spec
+from hybridtrain.specs.sites import LocalStore, Site
+from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.training.checkpoint import CheckpointStore
+from hybridtrain.training.trainer import Trainer
 from hybridtrain.workspace import Workspace
 
 FAST = Timeouts(connect=3, command=20, reconnect=30)
@@ -321,7 +321,7 @@ def test_connection_dropped_mid_training_the_job_finishes_and_the_log_is_complet
         if line.startswith("hybridtrain: epoch 1/4") and not dropped:
             dropped.append(sshd.drop_connections())
 
-    with caplog.at_level(logging.INFO, logger="hybridtrain.ssh_site"):
+    with caplog.at_level(logging.INFO, logger="hybridtrain.remote.ssh_site"):
         files = train_over_ssh(sshd, env, "train-drop", "run-drop", on_line)
     assert dropped and dropped[0] >= 1
     assert "lost the connection" in caplog.text and "re-attaching job train-drop" in caplog.text
@@ -338,7 +338,7 @@ def test_failing_training_job_reports_status_and_log_tail_then_a_retry_relaunche
                   job_id="train-fail", poll_interval=0.2, timeout=WAIT_S, timeouts=FAST)
     err = exc.value
     assert err.exit_status not in (None, 0) and not is_retryable(err)
-    assert "hybridtrain.host_training FAILED" in err.log_tail  # torchrun's summary ends the log ...
+    assert "hybridtrain.remote.host_training FAILED" in err.log_tail  # torchrun's summary ends the log ...
     msg = str(err)  # ... so the job's own message comes from its error file
     assert "train-fail" in msg and "it reported: dataset data/approved/churn-ssh failed validation" in msg
     assert "could not be fetched from remote onprem-ssh" in msg

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from hybridtrain.checkpoint import CheckpointStore
-from hybridtrain.distributed import Distributed
 from hybridtrain.errors import Preempted
-from hybridtrain.object_store import LocalObjectStore
-from hybridtrain.spec import CheckpointSpec
-from hybridtrain.trainer import Trainer
+from hybridtrain.specs.job import CheckpointSpec
+from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.training.checkpoint import CheckpointStore
+from hybridtrain.training.distributed import Distributed
+from hybridtrain.training.trainer import Trainer
 from tests.model.test_trainer import LABEL, SPEC, TRAIN, VAL
 
 STOP_AT = 21

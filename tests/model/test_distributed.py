@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridtrain.checkpoint import CheckpointStore
-from hybridtrain.distributed import Distributed
-from hybridtrain.object_store import LocalObjectStore
-from hybridtrain.spec import CheckpointSpec
-from hybridtrain.trainer import Trainer
+from hybridtrain.specs.job import CheckpointSpec
+from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.training.checkpoint import CheckpointStore
+from hybridtrain.training.distributed import Distributed
+from hybridtrain.training.trainer import Trainer
 from tests.model.ddp_worker import NODROP, STOP_AT
 from tests.model.test_trainer import LABEL, TOTAL_STEPS, TRAIN, VAL, assert_same_weights
 

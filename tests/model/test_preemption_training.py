@@ -8,11 +8,11 @@ import signal
 
 import pytest
 
-from hybridtrain.checkpoint_interval import MAX_INTERVAL_S, MIN_INTERVAL_S, optimal_interval_s
 from hybridtrain.errors import Preempted
-from hybridtrain.preemption import PreemptionNotice, PreemptionReport
-from hybridtrain.spec import CheckpointSpec
-from hybridtrain.trainer import Trainer
+from hybridtrain.specs.job import CheckpointSpec
+from hybridtrain.training.checkpoint_interval import MAX_INTERVAL_S, MIN_INTERVAL_S, optimal_interval_s
+from hybridtrain.training.preemption import PreemptionNotice, PreemptionReport
+from hybridtrain.training.trainer import Trainer
 from tests.model.test_trainer import (  # noqa: F401  (reference is a fixture)
     LABEL,
     SPEC,

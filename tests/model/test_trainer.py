@@ -6,11 +6,11 @@ import pandas as pd
 import pytest
 import torch
 
-from hybridtrain.checkpoint import CheckpointStore
 from hybridtrain.errors import DataError, Preempted, SpecError
-from hybridtrain.object_store import LocalObjectStore
-from hybridtrain.spec import CheckpointSpec, FeatureSpec, ModelSpec
-from hybridtrain.trainer import Trainer, epoch_permutation
+from hybridtrain.specs.job import CheckpointSpec, FeatureSpec, ModelSpec
+from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.training.checkpoint import CheckpointStore
+from hybridtrain.training.trainer import Trainer, epoch_permutation
 
 LABEL = "churned"
 FEATURES = FeatureSpec(numeric=["tenure", "charges", "streaming"], categorical=["contract"])
@@ -188,7 +188,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, refe
         data[i] ^= 0xFF
     path.write_bytes(bytes(data))
 
-    with caplog.at_level(logging.WARNING, logger="hybridtrain.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="hybridtrain.training.checkpoint"):
         resumed = trainer(store).fit(TRAIN, VAL)
     assert newest.key in caplog.text
     assert resumed.resumed_from_step == 20
@@ -199,7 +199,7 @@ def test_resume_on_different_training_rows_warns(tmp_path, caplog):
     store = ckpt_store(tmp_path)
     with pytest.raises(Preempted):
         trainer(store).fit(TRAIN, VAL, should_stop=stop_after(5))
-    with caplog.at_level(logging.WARNING, logger="hybridtrain.trainer"):
+    with caplog.at_level(logging.WARNING, logger="hybridtrain.training.trainer"):
         result = trainer(store, spec=SPEC.model_copy(update={"epochs": 1})).fit(TRAIN.iloc[:-1], VAL)
     assert result.resumed_from_step == 5
     assert "different training rows" in caplog.text
@@ -275,8 +275,7 @@ def test_missing_feature_column_is_a_data_error_naming_it(tmp_path):
 def test_checkpoint_state_is_weights_only_and_restores_numpy_and_python_rngs(tmp_path):
     import random
 
-    from hybridtrain import trainer as trainer_module
-
+    from hybridtrain.training import trainer as trainer_module
     store = ckpt_store(tmp_path)
     with pytest.raises(Preempted):
         trainer(store).fit(TRAIN, VAL, should_stop=stop_after(3))
@@ -299,7 +298,7 @@ def test_training_modules_import_no_tracking_or_orchestration_client():
     import sys
 
     code = (
-        "import sys, hybridtrain.trainer, hybridtrain.evaluation, hybridtrain.checkpoint;"
+        "import sys, hybridtrain.training.trainer, hybridtrain.training.evaluation, hybridtrain.training.checkpoint;"
         "bad = [m for m in ('mlflow', 'prefect') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hybridtrain.bundle import BundleDataset, ModelBundle
-from hybridtrain.signing_key import SigningKey
+from hybridtrain.governance.bundle import BundleDataset, ModelBundle
+from hybridtrain.governance.signing_key import SigningKey
 
 DATASETS = {"raw": "1" * 32, "curated": "2" * 32 + ".dir", "approved": "3" * 32 + ".dir"}
 CHECKPOINT_SHA = "c" * 64

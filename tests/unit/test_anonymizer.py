@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridtrain.anonymizer import AnonymizationReport, Anonymizer
+from hybridtrain.datasets.anonymizer import AnonymizationReport, Anonymizer
+from hybridtrain.datasets.sample_data import generate_churn
 from hybridtrain.errors import DataError, SpecError
-from hybridtrain.sample_data import generate_churn
-from hybridtrain.spec import ColumnType, JobSpec, load_spec, parse_spec
+from hybridtrain.specs.job import ColumnType, JobSpec, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = b"unit-test-key-0123456789abcdef!!"
@@ -224,8 +224,8 @@ def test_known_pseudonyms_are_pinned_and_match_the_reference() -> None:
 
 def test_pseudonyms_are_the_same_in_another_process() -> None:
     code = (
-        "import sys, pandas as pd; from hybridtrain.anonymizer import Anonymizer; "
-        "from hybridtrain.spec import load_spec; "
+        "import sys, pandas as pd; from hybridtrain.datasets.anonymizer import Anonymizer; "
+        "from hybridtrain.specs.job import load_spec; "
         "a = Anonymizer(load_spec('jobs/churn.yaml'), %r); "
         "print('\\n'.join(a.pseudonymize(pd.Series(%r, dtype='str')).tolist()))"
     )

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hybridtrain.audit_log import GENESIS_HASH, AuditHead, AuditLog, canonical_json, record_hash
 from hybridtrain.errors import AuditLogInvalid
-from hybridtrain.signing_key import SigningKey
+from hybridtrain.governance.audit_log import GENESIS_HASH, AuditHead, AuditLog, canonical_json, record_hash
+from hybridtrain.governance.signing_key import SigningKey
 
 KEY = SigningKey.generate()
 ACTIONS = ["placement", "sync", "tier_promotion", "gate", "release"]

@@ -10,9 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from hybridtrain.bundle import EVIDENCE_FILES, MANIFEST, SIGNATURE, ModelBundle, environment_info, file_sha256
 from hybridtrain.errors import BundleRejected
-from hybridtrain.signing_key import SigningKey, VerifyKey
+from hybridtrain.governance.bundle import (
+    EVIDENCE_FILES,
+    MANIFEST,
+    SIGNATURE,
+    ModelBundle,
+    environment_info,
+    file_sha256,
+)
+from hybridtrain.governance.signing_key import SigningKey, VerifyKey
 from tests.unit.bundles import CHECKPOINT_SHA, DATASETS, make_bundle
 
 KEY = SigningKey.generate()

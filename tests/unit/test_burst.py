@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from hybridtrain.burst import RunningRun, WaitingRun, plan_bursts
-from hybridtrain.placement import Placement
-from hybridtrain.policy import Policy
-from hybridtrain.request import ResourceRequest
-from hybridtrain.spec import Sensitivity
+from hybridtrain.placement.burst import RunningRun, WaitingRun, plan_bursts
+from hybridtrain.placement.engine import Placement
+from hybridtrain.placement.policy import Policy
+from hybridtrain.placement.request import ResourceRequest
+from hybridtrain.specs.job import Sensitivity
 from tests.conftest import ROOT
 from tests.unit.test_policy import CLOUD_EU, CLOUD_US, NOW, ONPREM
 
@@ -101,7 +101,7 @@ def test_the_margin_acts_before_it_is_too_late(engine):
 
 
 def test_an_urgent_run_is_held_and_room_is_made(engine):
-    from hybridtrain.queue_state import QueueTier
+    from hybridtrain.placement.queue_state import QueueTier
 
     u = req("u", hours=0.5, due_h=1.0)
     p = plan_bursts(engine, "onprem-dc1", [WaitingRun("u", u, NOW, tier=QueueTier.stay)], now=NOW, gpu_slots=8,

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from hybridtrain.checkpoint import CheckpointStore
-from hybridtrain.object_store import TMP_PREFIX, LocalObjectStore
+from hybridtrain.storage.object_store import TMP_PREFIX, LocalObjectStore
+from hybridtrain.training.checkpoint import CheckpointStore
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_checksum_mismatch_is_skipped_with_a_warning(ckpts, objects, caplog):
     ckpts.save(state(1), 1)
     bad = ckpts.save(state(2), 2)
     flip_byte(objects, bad.key)
-    with caplog.at_level(logging.WARNING, logger="hybridtrain.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="hybridtrain.training.checkpoint"):
         loaded, info = ckpts.latest_valid()
     assert info.step == 1
     assert torch.equal(loaded["weights"], state(1)["weights"])
@@ -93,7 +93,7 @@ def test_garbled_manifest_is_ignored(ckpts, objects, caplog):
     ckpts.save(state(1), 1)
     bad = ckpts.save(state(2), 2)
     objects.put_bytes(bad.manifest_key, b"{not json")
-    with caplog.at_level(logging.WARNING, logger="hybridtrain.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="hybridtrain.training.checkpoint"):
         assert [c.step for c in ckpts.list()] == [1]
     assert bad.manifest_key in caplog.text
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridtrain.checkpoint import CheckpointStore
-from hybridtrain.object_store import LocalObjectStore
+from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.training.checkpoint import CheckpointStore
 from tests.unit.test_checkpoint import flip_byte, state
 
 
@@ -38,7 +38,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_the_previous_one_moves(tmp_p
     here.save(state(10), 10)
     newest = here.save(state(20), 20)
     flip_byte(here.store, newest.key)
-    with caplog.at_level(logging.WARNING, logger="hybridtrain.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="hybridtrain.training.checkpoint"):
         copy = here.copy_latest(there)
     assert newest.key in caplog.text
     assert copy.source.step == 10 and [c.step for c in there.list()] == [10]
@@ -104,12 +104,12 @@ def test_move_checkpoint_between_sites_of_a_workspace_is_a_recorded_crossing(wor
     import yaml
 
     from hybridtrain import stages
-    from hybridtrain.spec import parse_spec
+    from hybridtrain.specs.job import parse_spec
     from hybridtrain.workspace import Workspace
 
     ws = Workspace.resolve(workspace)
     spec = parse_spec(yaml.safe_load((workspace / "jobs" / "churn.yaml").read_text()))
-    sites = stages.load_sites(ws)
+    sites = ws.load_sites()
     cloud, onprem = sites.get("cloud-eu"), sites.get("onprem-dc1")
 
     def run_at(site):

@@ -9,15 +9,15 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hybridtrain.checkpoint_interval import (
+from hybridtrain.errors import SpecError
+from hybridtrain.specs.job import CheckpointSpec, parse_spec
+from hybridtrain.training.checkpoint_interval import (
     MAX_INTERVAL_S,
     MIN_INTERVAL_S,
     expected_overhead,
     mean_time_between_preemptions_s,
     optimal_interval_s,
 )
-from hybridtrain.errors import SpecError
-from hybridtrain.spec import CheckpointSpec, parse_spec
 from tests.conftest import ROOT
 
 

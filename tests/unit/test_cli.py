@@ -6,11 +6,10 @@ import json
 import os
 
 import pytest
-
 import yaml
 from typer.testing import CliRunner
 
-from hybridtrain.cli import app
+from hybridtrain.cli.main import app
 from tests.conftest import ROOT
 
 runner = CliRunner()

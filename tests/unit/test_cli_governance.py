@@ -11,15 +11,15 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from hybridtrain.audit_log import AuditLog
-from hybridtrain.cli_governance import build_releaser, register
+from hybridtrain.cli.governance import build_releaser, register
 from hybridtrain.errors import SpecError
-from hybridtrain.gates import CHECKPOINT_TAG, GateInputs, dataset_tag, evaluate_gates
-from hybridtrain.ledger import RUN_RECORD_ARTIFACT, RUN_RECORD_TAG, AttemptRecord, RunRecord
-from hybridtrain.promotion import promote
-from hybridtrain.registry import CHAMPION, Registry
-from hybridtrain.signing_key import SigningKey
-from hybridtrain.spec import load_spec
+from hybridtrain.governance.audit_log import AuditLog
+from hybridtrain.governance.gates import CHECKPOINT_TAG, GateInputs, dataset_tag, evaluate_gates
+from hybridtrain.governance.ledger import RUN_RECORD_ARTIFACT, RUN_RECORD_TAG, AttemptRecord, RunRecord
+from hybridtrain.governance.promotion import promote
+from hybridtrain.governance.signing_key import SigningKey
+from hybridtrain.specs.job import load_spec
+from hybridtrain.tracking.model_registry import CHAMPION, Registry
 from hybridtrain.workspace import Workspace
 from tests.conftest import make_workspace
 from tests.unit.bundles import CHECKPOINT_SHA, DATASETS, make_bundle

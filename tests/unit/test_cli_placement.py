@@ -9,8 +9,8 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from hybridtrain.cli_placement import register
-from hybridtrain.traces import POD_TRACE
+from hybridtrain.cli.placement import register
+from hybridtrain.simulation.traces import POD_TRACE
 from tests.conftest import ROOT
 
 runner = CliRunner()

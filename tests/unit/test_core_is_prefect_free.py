@@ -12,7 +12,7 @@ import hybridtrain
 
 def test_core_modules_import_without_prefect(tmp_path):
     modules = sorted(m.name for m in pkgutil.walk_packages(hybridtrain.__path__, "hybridtrain."))
-    assert "hybridtrain.cli" in modules and "hybridtrain.spec" in modules
+    assert "hybridtrain.cli.main" in modules and "hybridtrain.specs.job" in modules
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"

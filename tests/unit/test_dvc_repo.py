@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hybridtrain.dvc_repo import DvcRepo
+from hybridtrain.datasets.dvc_repo import DvcRepo
+from hybridtrain.datasets.transfer import DataMover
 from hybridtrain.errors import DataError, SpecError
-from hybridtrain.sites import SitesCatalog
-from hybridtrain.transfer import DataMover
+from hybridtrain.specs.sites import SitesCatalog
 
 ROOT = Path(__file__).resolve().parents[2]
 SITES = SitesCatalog.load(ROOT / "deployments" / "sites.yaml")

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from hybridtrain.errors import DataError
-from hybridtrain.evaluation import binary_metrics, check_thresholds, compare, evaluate
-from hybridtrain.featurizer import Featurizer
-from hybridtrain.spec import FeatureSpec
+from hybridtrain.specs.job import FeatureSpec
+from hybridtrain.training.evaluation import binary_metrics, check_thresholds, compare, evaluate
+from hybridtrain.training.featurizer import Featurizer
 
 # Hand-checked case: threshold 0.5 predicts [1, 0, 0, 1, 1, 0], so TP=2 (rows 0, 3),
 # FN=1 (row 2), FP=1 (row 4), TN=2 (rows 1, 5). Of the 9 positive/negative pairs, 8 rank the

@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from hybridtrain.errors import DataError
-from hybridtrain.featurizer import Featurizer
-from hybridtrain.spec import FeatureSpec
+from hybridtrain.specs.job import FeatureSpec
+from hybridtrain.training.featurizer import Featurizer
 
 
 def test_numeric_median_imputation_indicator_and_standardization():

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from hybridtrain.errors import GateFailed, SpecError
-from hybridtrain.gates import CHECKPOINT_TAG, GATES, GateInputs, dataset_tag, evaluate_gates
-from hybridtrain.signing_key import SigningKey
-from hybridtrain.spec import EvaluationSpec, PromotionSpec
+from hybridtrain.governance.gates import CHECKPOINT_TAG, GATES, GateInputs, dataset_tag, evaluate_gates
+from hybridtrain.governance.signing_key import SigningKey
+from hybridtrain.specs.job import EvaluationSpec, PromotionSpec
 from tests.unit.bundles import CHECKPOINT_SHA, DATASETS, make_bundle
 
 KEY = SigningKey.generate()

@@ -3,11 +3,11 @@ import stat
 
 import pytest
 
-from hybridtrain.dvc_repo import DatasetVersion
+from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import SpecError
-from hybridtrain.job_bundle import BUNDLE_FILE, SECRETS_FILE, JobBundle
-from hybridtrain.sites import S3Store, Site
-from hybridtrain.spec import load_spec
+from hybridtrain.remote.job_bundle import BUNDLE_FILE, SECRETS_FILE, JobBundle
+from hybridtrain.specs.job import load_spec
+from hybridtrain.specs.sites import S3Store, Site
 from tests.conftest import ROOT
 
 SECRET = "wJalrXUtnFEMI-not-a-real-secret"

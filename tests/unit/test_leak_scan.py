@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from hybridtrain.anonymizer import Anonymizer
+from hybridtrain.datasets.anonymizer import Anonymizer
+from hybridtrain.datasets.leak_scan import LeakReport, LeakScan
+from hybridtrain.datasets.sample_data import generate_churn
 from hybridtrain.errors import LeakDetected
-from hybridtrain.leak_scan import LeakReport, LeakScan
-from hybridtrain.sample_data import generate_churn
-from hybridtrain.spec import JobSpec, load_spec, parse_spec
+from hybridtrain.specs.job import JobSpec, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = b"leak-scan-test-key-0123456789abc"

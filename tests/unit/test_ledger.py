@@ -12,12 +12,19 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from rich.console import Console
 
+from hybridtrain.datasets.transfer import TransferRecord
 from hybridtrain.errors import SpecError
-from hybridtrain.ledger import (
-    CATEGORIES, UNVERSIONED, AttemptRecord, CostLedger, RunRecord, StorageRecord, render_table, write_chart,
+from hybridtrain.governance.ledger import (
+    CATEGORIES,
+    UNVERSIONED,
+    AttemptRecord,
+    CostLedger,
+    RunRecord,
+    StorageRecord,
+    render_table,
+    write_chart,
 )
-from hybridtrain.sites import SitesCatalog
-from hybridtrain.transfer import TransferRecord
+from hybridtrain.specs.sites import SitesCatalog
 
 ROOT = Path(__file__).resolve().parents[2]
 SITES = SitesCatalog.load(ROOT / "deployments" / "sites.yaml")

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hybridtrain import partitioned
+from hybridtrain.datasets import partitioned
+from hybridtrain.datasets.preprocess import Preprocessor
 from hybridtrain.errors import SpecError
-from hybridtrain.preprocess import Preprocessor
-from hybridtrain.spec import check_semantics, parse_spec
+from hybridtrain.specs.job import check_semantics, parse_spec
 
 BASE = {
     "apiVersion": "hybridtrain/v1",

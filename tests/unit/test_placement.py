@@ -9,17 +9,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybridtrain.cost_model import CostModel, spot_split
 from hybridtrain.errors import NoFeasiblePlacement, SpecError
-from hybridtrain.placement import Placement, decide
-from hybridtrain.placement_decision import MAX_TAG_CHARS
-from hybridtrain.policy import Policy, capacity_options
-from hybridtrain.queue_state import QueuedRun, QueueState, QueueTier
-from hybridtrain.request import DataTier, ResourceRequest, request_from_spec
-from hybridtrain.sites import CapacityClass, SitesCatalog
-from hybridtrain.spec import Sensitivity, load_spec
-from hybridtrain.spot_market import SpotOutlook
-from hybridtrain.strategy import STRATEGIES, ThresholdBurst
+from hybridtrain.placement.cost_model import CostModel, spot_split
+from hybridtrain.placement.decision import MAX_TAG_CHARS
+from hybridtrain.placement.engine import Placement, decide
+from hybridtrain.placement.policy import Policy, capacity_options
+from hybridtrain.placement.queue_state import QueuedRun, QueueState, QueueTier
+from hybridtrain.placement.request import DataTier, ResourceRequest, request_from_spec
+from hybridtrain.placement.spot_market import SpotOutlook
+from hybridtrain.placement.strategy import STRATEGIES, ThresholdBurst
+from hybridtrain.specs.job import Sensitivity, load_spec
+from hybridtrain.specs.sites import CapacityClass, SitesCatalog
 from tests.conftest import ROOT
 from tests.unit.test_policy import CLOUD_EU, CLOUD_US, CLOUD_V100, NOW, ONPREM, SITES
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from hybridtrain.errors import NoFeasiblePlacement
-from hybridtrain.placement import HEALTH_RULE
-from hybridtrain.site_health import HealthCheck, assess, unavailable
-from hybridtrain.spec import Sensitivity
+from hybridtrain.placement.engine import HEALTH_RULE
+from hybridtrain.remote.site_health import HealthCheck, assess, unavailable
+from hybridtrain.specs.job import Sensitivity
 from tests.unit.test_placement import busy, engine, policy, request  # noqa: F401  (fixtures)
 from tests.unit.test_policy import NOW
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from hybridtrain.cost_model import CostModel
 from hybridtrain.errors import SpecError
-from hybridtrain.policy import Policy, Verdict, capacity_options
-from hybridtrain.request import DataTier, ResourceRequest
-from hybridtrain.sites import CapacityClass, Site, SitesCatalog
-from hybridtrain.spec import Sensitivity
+from hybridtrain.placement.cost_model import CostModel
+from hybridtrain.placement.policy import Policy, Verdict, capacity_options
+from hybridtrain.placement.request import DataTier, ResourceRequest
+from hybridtrain.specs.job import Sensitivity
+from hybridtrain.specs.sites import CapacityClass, Site, SitesCatalog
 from tests.conftest import ROOT
 
 NOW = 1_777_636_800.0

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from hybridtrain.errors import EXIT_PREEMPTED, Preempted, is_retryable
-from hybridtrain.preemption import REPORT_FILE, PreemptionNotice, PreemptionReport
+from hybridtrain.training.preemption import REPORT_FILE, PreemptionNotice, PreemptionReport
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hybridtrain import partitioned
+from hybridtrain.datasets import partitioned
+from hybridtrain.datasets.preprocess import Preprocessor
 from hybridtrain.errors import DataError
-from hybridtrain.preprocess import Preprocessor
-from hybridtrain.spec import parse_spec
+from hybridtrain.specs.job import parse_spec
 
 BASE = {
     "apiVersion": "hybridtrain/v1",
@@ -133,7 +133,7 @@ def test_partitions_are_byte_identical_when_rewritten_and_only_changed_ones_diff
 
 
 def _report():
-    from hybridtrain.preprocess import CleanReport
+    from hybridtrain.datasets.preprocess import CleanReport
 
     return CleanReport()
 

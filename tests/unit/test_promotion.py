@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from hybridtrain.audit_log import AuditLog
 from hybridtrain.errors import BundleRejected, GateFailed, ReleaseRefused
-from hybridtrain.gates import CHECKPOINT_TAG, GateInputs, dataset_tag, evaluate_gates
-from hybridtrain.object_store import LocalObjectStore
-from hybridtrain.promotion import promote, retire, rollback
-from hybridtrain.registry import CHAMPION, PREVIOUS, Registry
-from hybridtrain.release import BundleArchive, DirectoryTarget, ObjectStoreTarget, Releaser
-from hybridtrain.signing_key import SigningKey
-from hybridtrain.spec import EvaluationSpec, PromotionSpec
+from hybridtrain.governance.audit_log import AuditLog
+from hybridtrain.governance.gates import CHECKPOINT_TAG, GateInputs, dataset_tag, evaluate_gates
+from hybridtrain.governance.promotion import promote, retire, rollback
+from hybridtrain.governance.release import BundleArchive, DirectoryTarget, ObjectStoreTarget, Releaser
+from hybridtrain.governance.signing_key import SigningKey
+from hybridtrain.specs.job import EvaluationSpec, PromotionSpec
+from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.tracking.model_registry import CHAMPION, PREVIOUS, Registry
 from tests.unit.bundles import CHECKPOINT_SHA, DATASETS, make_bundle
 from tests.unit.test_gates import CASES
 
@@ -89,16 +89,16 @@ def test_promote_then_roll_back_restores_the_previous_version_everywhere(world):
     assert second.previous == "1" and (world.alias(CHAMPION), world.alias(PREVIOUS)) == ("2", "1")
     assert world.served() == ["2", "2"]
     tags = world.registry.version(world.model, "2").tags
-    assert tags["hybridtrain.promotion"] == "champion" and tags["hybridtrain.gate.lineage"].startswith("passed")
-    assert tags["hybridtrain.release.cloud"].startswith("current at ")
-    assert tags["hybridtrain.bundle.manifest_sha256"] == second.release.manifest_sha256
+    assert tags["hybridtrain.governance.promotion"] == "champion" and tags["hybridtrain.gate.lineage"].startswith("passed")
+    assert tags["hybridtrain.governance.release.cloud"].startswith("current at ")
+    assert tags["hybridtrain.governance.bundle.manifest_sha256"] == second.release.manifest_sha256
 
     world.targets[1].remove(world.model, "1")  # the cloud target no longer holds v1: rollback re-releases it
     back = rollback(world.registry, world.releaser, world.audit, world.model, actor="cli:ana")
     assert (back.from_version, back.to_version, back.previous) == ("2", "1", None)
     assert world.alias(CHAMPION) == "1" and world.alias(PREVIOUS) is None  # no way back to the bad version
     assert world.served() == ["1", "1"] and world.targets[1].versions(world.model) == ["1", "2"]
-    assert world.registry.version(world.model, "2").tags["hybridtrain.promotion"] == "rolled-back"
+    assert world.registry.version(world.model, "2").tags["hybridtrain.governance.promotion"] == "rolled-back"
 
     with pytest.raises(ReleaseRefused, match="has no previous version to roll back to"):
         rollback(world.registry, world.releaser, world.audit, world.model, actor="cli:ana")

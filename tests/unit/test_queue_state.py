@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from hybridtrain.queue_state import QueuedRun, QueueState, QueueTier, Slot, admit, remaining_hours, start_delays
+from hybridtrain.placement.queue_state import (
+    QueuedRun,
+    QueueState,
+    QueueTier,
+    Slot,
+    admit,
+    remaining_hours,
+    start_delays,
+)
 
 H = 3600.0
 

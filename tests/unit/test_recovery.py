@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from hybridtrain.errors import (DataError, NoFeasiblePlacement, Preempted, Problem, SiteUnavailable, TransientError)
-from hybridtrain.placement import HEALTH_RULE
-from hybridtrain.recovery import Outcome, Placed, RecoveryExhausted, Supervisor, classify
-from hybridtrain.spec import RecoverySpec
+from hybridtrain.errors import DataError, NoFeasiblePlacement, Preempted, Problem, SiteUnavailable, TransientError
+from hybridtrain.placement.engine import HEALTH_RULE
+from hybridtrain.specs.job import RecoverySpec
+from hybridtrain.training.recovery import Outcome, Placed, RecoveryExhausted, Supervisor, classify
 
 CLASSES = {"onprem": "fixed", "cloud": "burst", "spot": "opportunistic"}
 
@@ -161,7 +161,7 @@ def test_a_site_that_just_failed_is_left_out_even_before_a_health_check_notices(
 
 def test_the_observed_preemption_rate_comes_from_the_audited_attempts(tmp_path):
     from hybridtrain import stages
-    from hybridtrain.audit_log import AuditLog
+    from hybridtrain.governance.audit_log import AuditLog
     from hybridtrain.workspace import Workspace
     from tests.conftest import make_workspace
 

@@ -9,18 +9,19 @@ import math
 import numpy as np
 import pytest
 
-from hybridtrain.comparison import bound_metrics, default_scenario, replay, run_comparison, split, write_outputs
-from hybridtrain.simulator import Contender, Outcome, Simulation, contenders, our_policy
-from hybridtrain.spec import Sensitivity
-from hybridtrain.spot_rule import Greedy, UniformProgress
-from hybridtrain.traces import (
-    NONZERO_IS_AVAILABLE,
-    POD_TRACE,
-    SPOT_DIR,
-    SpotTrace,
-    load_pods,
+from hybridtrain.placement.spot_rule import Greedy, UniformProgress
+from hybridtrain.simulation.comparison import (
+    bound_metrics,
+    default_scenario,
+    replay,
+    run_comparison,
+    split,
+    write_outputs,
 )
-from hybridtrain.workload import SimJob, WorkloadParams, demand_gpus, jobs_from_pods
+from hybridtrain.simulation.simulator import Contender, Outcome, Simulation, contenders, our_policy
+from hybridtrain.simulation.traces import NONZERO_IS_AVAILABLE, POD_TRACE, SPOT_DIR, SpotTrace, load_pods
+from hybridtrain.simulation.workload import SimJob, WorkloadParams, demand_gpus, jobs_from_pods
+from hybridtrain.specs.job import Sensitivity
 
 AV = SPOT_DIR / "availability" / "1-node" / "aws-10-26-2022"
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from hybridtrain.errors import SpecError
-from hybridtrain.sites import OnPremCost, SitesCatalog
+from hybridtrain.specs.sites import OnPremCost, SitesCatalog
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from hybridtrain.errors import SpecError
-from hybridtrain.sites import SitesCatalog
-from hybridtrain.spec import json_schema, load_spec, parse_spec
+from hybridtrain.specs.job import json_schema, load_spec, parse_spec
+from hybridtrain.specs.sites import SitesCatalog
 
 ROOT = Path(__file__).resolve().parents[2]
 CHURN = ROOT / "jobs" / "churn.yaml"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hybridtrain.spot_rule import Greedy, SpotAction, SpotProgress, UniformProgress
+from hybridtrain.placement.spot_rule import Greedy, SpotAction, SpotProgress, UniformProgress
 
 H = 3600.0
 SPOT, OD, WAIT = SpotAction.spot, SpotAction.on_demand, SpotAction.wait

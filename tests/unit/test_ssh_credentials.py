@@ -6,7 +6,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from pydantic import SecretStr
 
 from hybridtrain.errors import RemoteJobFailed, SpecError, is_retryable
-from hybridtrain.ssh_site import known_hosts_name, load_private_key, parse_known_hosts
+from hybridtrain.remote.ssh_site import known_hosts_name, load_private_key, parse_known_hosts
 
 
 def openssh_key(key) -> str:

@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hybridtrain.object_store import LocalObjectStore, open_store
-from hybridtrain.sites import LocalStore, Site
+from hybridtrain.specs.sites import LocalStore, Site
+from hybridtrain.storage.object_store import LocalObjectStore, open_store
 
 
 def site(store: dict) -> Site:
@@ -43,6 +43,6 @@ def test_open_store_for_a_local_store_is_a_directory_and_imports_no_boto3(tmp_pa
     assert isinstance(st, LocalObjectStore) and st.root == tmp_path / "stores" / "x" / "objects"
     absolute = open_store(LocalStore(path=str(tmp_path / "abs")), Path("/elsewhere"))
     assert absolute.root == tmp_path / "abs"
-    code = "import sys, hybridtrain.object_store, hybridtrain.stages; print('boto3' in sys.modules)"
+    code = "import sys, hybridtrain.storage.object_store, hybridtrain.stages; print('boto3' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "False"  # boto3 is imported only when an S3 store is opened

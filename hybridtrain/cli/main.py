@@ -1,0 +1,457 @@
+"""CLI: ``hybridtrain`` — validate, plan and run jobs, set up a workspace, inspect runs and models.
+
+User mistakes print a message naming the file/field and the fix, and exit non-zero without a
+traceback. Prefect is imported only by the commands that run flows, after the workspace's
+Prefect settings are applied (so importing this module imports no Prefect).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hybridtrain.errors import HybridtrainError, Problem, SpecError
+from hybridtrain.workspace import Workspace
+
+app = typer.Typer(
+    name="hybridtrain",
+    help="Control plane for ML training across on-prem GPU servers and cloud GPUs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+data_app = typer.Typer(help="Sample data: generate and version it with DVC.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+# Piped output (CI logs, `make demo | tee`) gets a wide fixed width instead of rich's 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 120)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+
+HomeOpt = Annotated[Path | None, typer.Option("--home", help="Workspace root (default: HYBRIDTRAIN_HOME or cwd).")]
+UI_HINT = (
+    "Open the UIs: `make ui` (Prefect http://127.0.0.1:4200, MLflow http://127.0.0.1:5000); "
+    "or run `prefect server start` and `mlflow ui --backend-store-uri {uri}` yourself."
+)
+
+
+def _ws(home: Path | None) -> Workspace:
+    ws = Workspace.resolve(home)
+    for k, v in ws.prefect_env().items():
+        os.environ.setdefault(k, v)
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "hybridtrain")
+    os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    return ws
+
+
+def _fail(exc: HybridtrainError) -> None:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+    raise typer.Exit(exc.exit_code)
+
+
+# -- validate / schema -----------------------------------------------------------------------
+
+
+def _kind_of(path: Path) -> str:
+    from hybridtrain.specs.config_file import read_yaml
+
+    data, _ = read_yaml(path)
+    return data.get("kind", "TrainingJob") if isinstance(data, dict) else "TrainingJob"
+
+
+@app.command()
+def validate(
+    files: Annotated[list[Path], typer.Argument(help="Job specs, sites catalogs or policy files.")],
+    home: HomeOpt = None,
+) -> None:
+    """Check files and report every problem with its field path and line."""
+    from hybridtrain.specs.job import load_spec
+    from hybridtrain.specs.sites import SitesCatalog
+
+    ws = Workspace.resolve(home)
+    failed = 0
+    for f in files:
+        try:
+            kind = _kind_of(f)
+            if kind == "SitesCatalog":
+                SitesCatalog.load(f)
+            elif kind == "PlacementPolicy":
+                from hybridtrain.placement.policy import Policy
+
+                Policy.load(f)
+            else:
+                sites = SitesCatalog.load(ws.sites_file) if ws.sites_file.is_file() else None
+                load_spec(f, sites)
+            console.print(f"[green]ok[/] {f} ({kind})")
+        except HybridtrainError as exc:
+            failed += 1
+            err.print(f"[bold red]invalid[/] {exc}", highlight=False)
+    if failed:
+        raise typer.Exit(2)
+
+
+@app.command()
+def schema(out: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")] = None) -> None:
+    """Print the JSON Schema of job specs (generated from the models)."""
+    from hybridtrain.specs.job import json_schema
+
+    text = json.dumps(json_schema(), indent=2)
+    if out:
+        out.write_text(text + "\n")
+        console.print(f"wrote {out}")
+    else:
+        sys.stdout.write(text + "\n")
+
+
+# -- workspace and data ----------------------------------------------------------------------
+
+
+def _init_workspace(ws: Workspace) -> None:
+    from hybridtrain import stages
+    sites = ws.load_sites()
+    ws.state_dir.mkdir(parents=True, exist_ok=True)
+    default = next((s.name for s in sites.sites if s.kind.value == "onprem"), sites.sites[0].name)
+    stages.workspace_repo(ws, sites, default)
+
+
+def _init_prefect(ws: Workspace) -> bool:
+    from blocks.register import ensure_pseudonym_key, ensure_release_key, register_sites
+    register_sites(ws.load_sites())
+    ensure_release_key(ws.release_key_block, ws.release_public_key)
+    return ensure_pseudonym_key(ws.pseudonym_key_block)
+
+
+@app.command()
+def init(home: HomeOpt = None) -> None:
+    """Set up a workspace: DVC repo and remotes from the sites catalog, site blocks, pseudonym key."""
+    ws = _ws(home)
+    try:
+        _init_workspace(ws)
+        created = _init_prefect(ws)
+    except HybridtrainError as exc:
+        _fail(exc)
+    console.print(f"workspace ready at {ws.root}; pseudonym key {'created' if created else 'already present'}")
+
+
+def _pin(spec_file: Path, md5: str) -> bool:
+    """Rewrite the dataset md5 in a spec file in place, keeping its comments."""
+    text = spec_file.read_text()
+    new, n = re.subn(r'(?m)^(\s*md5:\s*)"?[0-9a-f]{32}(?:\.dir)?"?', rf'\g<1>"{md5}"', text, count=1)
+    if n and new != text:
+        tmp = spec_file.with_suffix(spec_file.suffix + ".tmp")
+        tmp.write_text(new)
+        os.replace(tmp, spec_file)
+        return True
+    return False
+
+
+def ensure_sample_data(ws: Workspace, rows: int, seed: int, pin: Path | None) -> tuple[str, bool]:
+    """Generate the churn CSV if absent, track it with DVC, push it to the on-prem store."""
+    from hybridtrain import stages
+    from hybridtrain.datasets.sample_data import write_churn_csv
+
+    sites = ws.load_sites()
+    site = next((s for s in sites.sites if s.kind.value == "onprem"), sites.sites[0])
+    repo = stages.workspace_repo(ws, sites, site.name)
+    rel = "data/raw/churn.csv"
+    path = ws.path(rel)
+    generated = False
+    current = repo.version(rel, "raw", site.name)
+    if not path.exists() or current is None or not repo.is_present(current):
+        write_churn_csv(path, rows=rows, seed=seed)
+        generated = True
+    version = repo.add(rel, "raw", site.name)
+    repo.push(version, remote=site.dvc_remote)
+    if pin is not None:
+        _pin(pin if pin.is_absolute() else ws.root / pin, version.md5)
+    return version.md5, generated
+
+
+@data_app.command("generate")
+def data_generate(
+    rows: Annotated[int, typer.Option(help="Rows to generate (>= 200,000 for the demo).")] = 200_000,
+    seed: Annotated[int, typer.Option(help="Generator seed; same seed, same bytes.")] = 20261121,
+    pin: Annotated[Path | None, typer.Option(help="Job spec whose dataset.md5 to set to this version.")] = None,
+    home: HomeOpt = None,
+) -> None:
+    """Generate data/raw/churn.csv (if missing), version it with DVC and push it to the on-prem store."""
+    ws = _ws(home)
+    try:
+        md5, generated = ensure_sample_data(ws, rows, seed, pin)
+    except HybridtrainError as exc:
+        _fail(exc)
+    console.print(f"data/raw/churn.csv {'generated' if generated else 'present'}; DVC md5 {md5}")
+
+
+# -- run / status / demo ---------------------------------------------------------------------
+
+
+def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch: str) -> Any:
+    from flows.lifecycle import lifecycle
+
+    return lifecycle(spec_path=str(spec_path), workspace=str(ws.root), run_key=run_key, dispatch=dispatch)
+
+
+def print_summary(summary: Any, ws: Workspace) -> None:
+    t = Table(title=f"Lifecycle of {summary.job}", title_justify="left")
+    for c in ("stage", "site", "seconds", "what happened"):
+        t.add_column(c)
+    for s in summary.stages:
+        t.add_row(s.stage, s.site, f"{s.seconds:.1f}", s.detail)
+    console.print(t)
+    p = summary.placement
+    console.print(f"Placement: [bold]{p['site']}[/] ({p['capacity_class']}, strategy {p['strategy']}, "
+                  f"est. ${p['est_cost_usd']:.2f})")
+    for r in p["reasons"]:
+        console.print(f"  - {r}")
+    d = Table(title="Datasets (DVC md5)", title_justify="left")
+    d.add_column("tier")
+    d.add_column("md5")
+    for tier, md5 in summary.datasets.items():
+        d.add_row(tier, md5)
+    console.print(d)
+    m = Table(title="Test metrics", title_justify="left")
+    m.add_column("metric")
+    m.add_column("candidate")
+    m.add_column("champion before")
+    for k, v in summary.metrics.items():
+        c = (summary.champion_metrics or {}).get(k)
+        fmt = "{:,.0f}" if k == "n" else "{:.4f}"
+        m.add_row(k, fmt.format(v), "" if c is None else fmt.format(c))
+    console.print(m)
+    moved = "moved to this version" if summary.promoted else "unchanged"
+    console.print(
+        f"Model [bold]{summary.model_name}[/] version [bold]{summary.model_version}[/]; alias champion -> "
+        f"{'v' + summary.champion_version if summary.champion_version else 'none'} ({moved})"
+        + (f", previous -> v{summary.previous_version}" if summary.previous_version else "")
+    )
+    for r in summary.reasons:
+        console.print(f"  - {r}")
+    g = Table(title="Promotion gates", title_justify="left")
+    g.add_column("gate")
+    g.add_column("verdict")
+    for name, verdict in summary.gates.items():
+        g.add_row(name, verdict)
+    console.print(g)
+    console.print(f"Cost of this version: ${summary.cost_usd:.4f} (hybridtrain ledger {summary.model_name}); "
+                  f"released to: {', '.join(summary.released_to) or 'nothing'}")
+    console.print(f"Bytes synced: {summary.bytes_synced:,} ({summary.sync_route or 'no sync'}), "
+                  f"egress ${summary.egress_usd:.4f}")
+    console.print(UI_HINT.format(uri=ws.tracking_uri))
+
+
+@app.command()
+def run(
+    spec: Annotated[Path, typer.Argument(help="Job spec file.")],
+    run_key: Annotated[str | None, typer.Option(help="Resume the checkpoints of this run key.")] = None,
+    dispatch: Annotated[str, typer.Option(
+        help="auto: send stages to the sites' work pools when their deployments exist (after `make deploy`), "
+             "else run them here; inline: all here; pools: always through the pools.")] = "auto",
+    home: HomeOpt = None,
+) -> None:
+    """Run the whole lifecycle of SPEC as a Prefect flow and print what happened."""
+    if dispatch not in ("auto", "inline", "pools"):
+        err.print(f"--dispatch must be auto, inline or pools, not {dispatch!r}")
+        raise typer.Exit(2)
+    ws = _ws(home)
+    try:
+        from hybridtrain.specs.job import load_spec
+        load_spec(spec if spec.is_absolute() else ws.root / spec, ws.load_sites())
+        summary = _run_lifecycle(ws, spec, run_key, dispatch)
+    except HybridtrainError as exc:
+        _fail(exc)
+    print_summary(summary, ws)
+
+
+@app.command()
+def status(
+    limit: Annotated[int, typer.Option(help="How many recent runs to show.")] = 10,
+    home: HomeOpt = None,
+) -> None:
+    """Recent lifecycle runs and each model's champion version and metrics."""
+    from hybridtrain.tracking.model_registry import CHAMPION, Registry
+
+    ws = Workspace.resolve(home)
+    reg = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    runs = reg.recent_runs(ws.experiment, limit)
+    if not runs:
+        console.print(f"no runs yet in {ws.tracking_uri}; run `make demo` or `hybridtrain run jobs/churn.yaml`")
+        return
+    t = Table(title="Recent lifecycle runs", title_justify="left")
+    for c in ("started (UTC)", "job", "status", "site", "model version", "promoted", "test auc"):
+        t.add_column(c)
+    from datetime import UTC, datetime
+
+    models = set()
+    for r in runs:
+        tags = r.data.tags
+        started = datetime.fromtimestamp(r.info.start_time / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        auc = r.data.metrics.get("test_auc")
+        t.add_row(started, tags.get("hybridtrain.job", "?"), r.info.status, tags.get("hybridtrain.site", ""),
+                  tags.get("hybridtrain.model_version", ""), tags.get("hybridtrain.promoted", ""),
+                  "" if auc is None else f"{auc:.4f}")
+    console.print(t)
+    for rm in reg.client.search_registered_models():
+        models.add(rm.name)
+    for name in sorted(models):
+        champ = reg.by_alias(name, CHAMPION)
+        if champ is None:
+            console.print(f"{name}: no champion yet")
+            continue
+        metrics = {k.removeprefix("hybridtrain.metric."): v for k, v in champ.tags.items()
+                   if k.startswith("hybridtrain.metric.")}
+        shown = ", ".join(f"{k} {float(v):.4f}" for k, v in sorted(metrics.items()) if k in ("auc", "accuracy", "f1"))
+        console.print(f"{name}: champion v{champ.version} ({shown})")
+
+
+@app.command()
+def demo(
+    rows: Annotated[int, typer.Option(help="Sample rows.")] = 200_000,
+    spec: Annotated[Path, typer.Option(help="Job spec to run.")] = Path("jobs/churn.yaml"),
+    home: HomeOpt = None,
+) -> None:
+    """Everything on embedded defaults: workspace, sample data, the whole lifecycle, a summary."""
+    ws = _ws(home)
+    try:
+        _init_workspace(ws)
+        md5, generated = ensure_sample_data(ws, rows, 20261121, None)
+        from hybridtrain.specs.job import load_spec
+        job = load_spec(ws.root / spec if not spec.is_absolute() else spec, ws.load_sites())
+        if job.dataset.md5 != md5:
+            raise SpecError(str(spec), [Problem("dataset.md5", f"pins {job.dataset.md5} but the generated sample "
+                                                               f"data is {md5}; run `hybridtrain data generate "
+                                                               f"--pin {spec}` to pin it")])
+        console.print(f"sample data {'generated' if generated else 'present'}: data/raw/churn.csv md5 {md5}")
+        created = _init_prefect(ws)
+        console.print(f"Prefect blocks registered; pseudonym key {'created' if created else 'present'}")
+        # The embedded default runs every stage in this process, whatever deployments exist.
+        summary = _run_lifecycle(ws, spec, None, "inline")
+    except HybridtrainError as exc:
+        _fail(exc)
+    print_summary(summary, ws)
+
+
+def _read_secret_file(path: Path | None, what: str) -> str | None:
+    if path is None:
+        return None
+    if not path.is_file():
+        err.print(f"{what}: no file at {path}")
+        raise typer.Exit(2)
+    return path.read_text()
+
+
+@app.command()
+def credentials(
+    site: Annotated[str, typer.Argument(help="Site name from the sites catalog.")],
+    ssh_key: Annotated[Path | None, typer.Option(help="Private key file for the site's SSH hosts.")] = None,
+    known_hosts: Annotated[Path | None, typer.Option(help="known_hosts file pinning the hosts' keys.")] = None,
+    aws_access_key_id: Annotated[str | None, typer.Option(help="S3 access key id of the site's store.")] = None,
+    aws_secret_access_key_file: Annotated[Path | None, typer.Option(
+        help="File holding the S3 secret key (a file, so the secret never lands in shell history).")] = None,
+    home: HomeOpt = None,
+) -> None:
+    """Store a site's credentials in its Prefect block (encrypted server-side; never in YAML or git)."""
+    ws = _ws(home)
+    from blocks.register import register_sites, set_credentials
+    try:
+        catalog = ws.load_sites()
+        catalog.get(site)
+        register_sites(catalog)
+        changed = set_credentials(
+            site,
+            ssh_private_key=_read_secret_file(ssh_key, "--ssh-key"),
+            ssh_known_hosts=_read_secret_file(known_hosts, "--known-hosts"),
+            aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=(_read_secret_file(aws_secret_access_key_file, "--aws-secret-access-key-file")
+                                   or "").strip() or None,
+        )
+    except HybridtrainError as exc:
+        _fail(exc)
+    console.print(f"site {site}: stored {', '.join(changed) or 'nothing (give at least one option)'}")
+
+
+@app.command()
+def deploy(home: HomeOpt = None) -> None:
+    """Create work pools, blocks and deployments on the Prefect server at PREFECT_API_URL (idempotent)."""
+    ws = Workspace.resolve(home)
+    if not os.environ.get("PREFECT_API_URL"):
+        err.print("set PREFECT_API_URL to your Prefect server (e.g. http://127.0.0.1:4200/api; `make ui` starts one)")
+        raise typer.Exit(2)
+    from deployments.bootstrap import bootstrap
+
+    try:
+        report = bootstrap(ws)
+    except HybridtrainError as exc:
+        _fail(exc)
+    console.print(f"pools created: {report.pools_created or '-'}; already there: {report.pools_existing or '-'}")
+    console.print(f"site blocks: {report.site_blocks}; pseudonym key {'created' if report.key_created else 'present'}")
+    console.print(f"deployments: {', '.join(report.deployments)}")
+    console.print("start workers with `make worker` (one process worker per pool)")
+
+
+@app.command()
+def drill(
+    scenario: Annotated[list[str] | None, typer.Option(
+        "--scenario", help="Scenario to run (repeatable; default all): kill-9, preempt, corrupt-checkpoint, "
+                           "s3-down, ssh-down.")] = None,
+    steps: Annotated[int, typer.Option(help="Optimizer steps of each drill run.")] = 300,
+    interval: Annotated[int | None, typer.Option(help="Steps between checkpoints (default steps/12).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Report directory (default .hybridtrain/drills/<timestamp>).")] = None,
+    home: HomeOpt = None,
+) -> None:
+    """Failover drill: inject faults into a real training run, measure time to resume (RTO) and lost steps (RPO)."""
+    from hybridtrain.drill.drill import check_scenarios, run_drill
+
+    ws = _ws(home)
+    try:
+        names = check_scenarios(scenario)
+        report = run_drill(ws, names, steps=steps, interval=interval, out=out,
+                           say=lambda line: console.print(f"[dim]drill:[/] {line}", highlight=False))
+    except HybridtrainError as exc:
+        _fail(exc)
+    t = Table(title=f"Failover drill ({report.steps} steps, checkpoint every {report.checkpoint_interval})",
+              title_justify="left")
+    for c in ("scenario", "outcome", "RTO s", "RPO steps", "resumed from step", "notes"):
+        t.add_column(c, overflow="fold")
+    colour = {"ok": "green", "failed": "bold red", "skipped": "yellow"}
+    for s in report.scenarios:
+        t.add_row(s.scenario, f"[{colour[s.outcome]}]{s.outcome}[/]", "" if s.rto_s is None else f"{s.rto_s:.2f}",
+                  "" if s.rpo_steps is None else f"{s.rpo_steps}{' (est.)' if s.rpo_estimated else ''}",
+                  "" if s.resumed_from_step is None else str(s.resumed_from_step), "; ".join(s.notes))
+    console.print(t)
+    console.print(f"RTO: {report.definitions['rto_s']}.", highlight=False)
+    console.print(f"RPO: {report.definitions['rpo_steps']}.", highlight=False)
+    console.print(f"report: {report.directory}/report.md (and report.json)", highlight=False)
+    if report.mlflow_run_id:
+        console.print(f"MLflow: experiment hybridtrain-drills, run {report.mlflow_run_id}", highlight=False)
+    for note in report.notes:
+        console.print(f"note: {note}", highlight=False)
+    if report.failed:
+        raise typer.Exit(1)
+
+
+from hybridtrain.cli import governance as cli_governance  # noqa: E402 - their commands join this app
+from hybridtrain.cli import placement as cli_placement  # noqa: E402
+
+cli_placement.register(app)
+cli_governance.register(app)
+
+
+def main() -> None:
+    try:
+        app()
+    except HybridtrainError as exc:  # a command that forgot to catch: still no traceback
+        err.print(f"error: {exc}")
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""PlacementCommands: the ``hybridtrain plan`` and ``hybridtrain simulate`` commands, mounted by ``register(app)``.
+
+``plan`` shows, with no side effects, where a job spec would train now: the chosen site and
+capacity, the estimated cost with its breakdown, every candidate with its verdict (rejected
+ones with the rule), and the reasons. ``simulate`` replays the shared traces through the same
+engine and prints the comparison table (and writes JSON, CSV and a PNG plot).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hybridtrain.errors import HybridtrainError, Problem, SpecError
+from hybridtrain.placement.cost_model import clock, hhmm
+from hybridtrain.placement.engine import Placement
+from hybridtrain.placement.policy import Policy
+from hybridtrain.placement.queue_state import QueueState
+from hybridtrain.placement.request import request_from_spec, to_epoch
+from hybridtrain.placement.spot_market import SpotOutlook
+from hybridtrain.specs.job import load_spec
+from hybridtrain.specs.sites import SitesCatalog
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def wide() -> Console:
+    """A console at least 150 columns wide, so the comparison table is not squeezed (e.g. in CI logs)."""
+    return Console(width=max(console.width, 150))
+
+
+def parse_queue(text: str, sites: SitesCatalog) -> QueueState:
+    """``SITE=RUNNING/QUEUED[@HOURS]``: runs running and queued in the site's pool (one GPU each,
+    ``HOURS`` each, default 1)."""
+    try:
+        name, counts = text.split("=", 1)
+        hours = 1.0
+        if "@" in counts:
+            counts, h = counts.split("@", 1)
+            hours = float(h)
+        running, queued = (int(x) for x in counts.split("/", 1))
+        if running < 0 or queued < 0 or hours <= 0:
+            raise ValueError
+    except ValueError:
+        raise SpecError("--queue", [Problem(text, "expected SITE=RUNNING/QUEUED[@HOURS], e.g. onprem-dc1=8/3@2")]) from None
+    site = sites.get(name)
+    return QueueState(site.name, site.gpu_count, min(running, site.gpu_count), scheduled=queued, running=running,
+                      default_run_hours=hours)
+
+
+def parse_spot(text: str, sites: SitesCatalog) -> tuple[str, SpotOutlook]:
+    """``SITE=AVAILABILITY[/PREEMPTIONS_PER_HOUR]``, e.g. ``cloud-eu=0.7/0.2``."""
+    try:
+        name, rest = text.split("=", 1)
+        parts = rest.split("/")
+        outlook = SpotOutlook(availability=float(parts[0]),
+                              preemptions_per_hour=float(parts[1]) if len(parts) > 1 else 0.05)
+    except ValueError:
+        raise SpecError("--spot", [Problem(text, "expected SITE=AVAILABILITY[/PREEMPTIONS_PER_HOUR], "
+                                                 "availability in (0, 1], e.g. cloud-eu=0.7/0.2")]) from None
+    return sites.get(name).name, outlook
+
+
+def fail(exc: HybridtrainError) -> typer.Exit:
+    """Print a user error without a traceback; the exit status says which kind it was."""
+    err_console.print("error:", str(exc), style="red", highlight=False, markup=False)
+    return typer.Exit(exc.exit_code)
+
+
+def plan(
+    spec: Annotated[Path, typer.Argument(help="Job spec (YAML).")],
+    sites_path: Annotated[Path, typer.Option("--sites", help="Sites catalog.")] = Path("deployments/sites.yaml"),
+    policy_path: Annotated[Path, typer.Option("--policy", help="Placement policy.")] = Path("deployments/policy.yaml"),
+    strategy: Annotated[str | None, typer.Option(help="Strategy name (default: spec, job class, policy).")] = None,
+    dataset_bytes: Annotated[int, typer.Option(help="Size of the dataset sync would send.")] = 0,
+    run_hours: Annotated[float | None, typer.Option(help="Estimated run hours (default: spec resources.max_hours).")] = None,
+    queue: Annotated[list[str] | None, typer.Option(help="SITE=RUNNING/QUEUED[@HOURS]; repeatable.")] = None,
+    spot: Annotated[list[str] | None, typer.Option(help="SITE=AVAILABILITY[/PREEMPTIONS_PER_HOUR]; repeatable.")] = None,
+    now: Annotated[str | None, typer.Option(help="Decide as of this ISO time (default: now).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the decision as JSON.")] = False,
+) -> None:
+    """Where SPEC would train now, at what estimated cost, and why — without running anything."""
+    try:
+        sites = SitesCatalog.load(sites_path)
+        policy = Policy.load(policy_path, sites)
+        job = load_spec(spec, sites)
+        t = to_epoch(datetime.fromisoformat(now.replace("Z", "+00:00"))) if now else datetime.now(UTC).timestamp()
+        queues = {q.site: q for q in (parse_queue(x, sites) for x in queue or [])}
+        outlooks = dict(parse_spot(x, sites) for x in spot or [])
+        request = request_from_spec(job, dataset_bytes=dataset_bytes, now=t, run_hours=run_hours)
+        decision = Placement(sites, policy).decide(request, now=t, queues=queues, spot=outlooks, strategy=strategy)
+    except HybridtrainError as exc:
+        raise fail(exc) from None
+    except ValueError as exc:  # e.g. a malformed --now
+        raise fail(SpecError("command line", [Problem("", str(exc))])) from None
+    if as_json:
+        console.print_json(json.dumps({"tags": decision.to_tags(), "candidates": decision.to_table(),
+                                       "breakdown": decision.estimate.lines()}))
+        return
+    flag = "meets" if decision.meets_deadline else "[red]MISSES[/red]"
+    due = f"the deadline {clock(request.deadline)}" if request.deadline is not None else \
+        f"the {policy.wait_slo_hours:g} h wait SLO"
+    console.print(f"[bold]{job.name}[/bold] → [bold green]{decision.site}[/bold green] "
+                  f"({decision.capacity_class.value}), estimated ${decision.cost_usd:.2f}, finish "
+                  f"{clock(decision.finish_at)} — {flag} {due}  [dim](strategy {decision.strategy})[/dim]")
+    console.print("\n[bold]Why[/bold]")
+    for reason in decision.reasons:
+        console.print(f"  • {reason}", highlight=False, markup=False)
+    console.print("\n[bold]Cost and time[/bold] (chosen candidate)")
+    for line in decision.estimate.lines():
+        console.print(f"  {line}", highlight=False, markup=False)
+    table = Table(title="Candidates (cost and finish as estimated now)")
+    for col in ("site", "capacity", "verdict", "cost $", "finish (UTC)", "meets", "queue wait"):
+        table.add_column(col, justify="right" if col in ("cost $", "queue wait") else "left")
+    for c in decision.candidates:
+        table.add_row(
+            c.site, c.capacity_class.value, "chosen" if c.chosen else ("allowed" if c.allowed else "rejected"),
+            "" if c.cost_usd is None else f"{c.cost_usd:.2f}",
+            "" if c.finish_at is None else datetime.fromtimestamp(c.finish_at, UTC).strftime("%m-%d %H:%M"),
+            "" if c.meets_deadline is None else ("yes" if c.meets_deadline else "no"),
+            "" if c.queue_wait_s is None or math.isinf(c.queue_wait_s) else hhmm(c.queue_wait_s),
+            style="green" if c.chosen else ("" if c.allowed else "dim"),
+        )
+    console.print(table)
+    rejected = [c for c in decision.candidates if not c.allowed]
+    if rejected:
+        console.print("[bold]Rejected[/bold]")
+        for c in rejected:
+            console.print(f"  • {c.site} ({c.capacity_class.value}): {c.rule} — {c.reason}", highlight=False,
+                          markup=False)
+    console.print("[dim]Nothing was submitted: plan has no side effects.[/dim]")
+
+
+def simulate(
+    capacity: Annotated[list[int] | None, typer.Option(help="On-prem GPUs; repeat for several loads.")] = None,
+    load: Annotated[list[float] | None, typer.Option(
+        help="Demand ÷ on-prem GPUs (the capacity follows); repeat for several loads. Default 1.1 when "
+             "neither --capacity nor --load is given.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the workload draws.")] = 2024,
+    out: Annotated[Path, typer.Option(help="Directory for comparison.json/.csv/.png.")] = Path("benchmarks/out/simulate"),
+    pods: Annotated[Path | None, typer.Option(help="Pod trace CSV (default: data/traces copy).")] = None,
+) -> None:
+    """Replay the pod trace through the placement engine and compare policies (tuned on the first half)."""
+    from hybridtrain.simulation.comparison import run_comparison, write_outputs
+
+    try:
+        runs = [(c, None) for c in capacity or []] + [(None, x) for x in load or []]
+        for _, x in runs:
+            if x is not None and x <= 0:
+                raise SpecError("--load", [Problem("--load", f"{x} is not a load: give demand ÷ on-prem GPUs, > 0 "
+                                                             "(e.g. --load 1.1)")])
+        reports = [run_comparison(c, load=x, seed=seed, pods=pods) for c, x in runs or [(None, 1.1)]]
+    except HybridtrainError as exc:
+        raise fail(exc) from None
+    for r in reports:
+        wide().print(report_table(r))
+        t = r.targets
+        console.print(
+            f"tuned on the first half: duration quantile {r.tuning.quantile} for the run itself, "
+            f"{r.tuning.queue_quantile or r.tuning.quantile} for the runs behind it "
+            f"(misses there: bursting at the first queued job {r.tuning.reference_misses})\n"
+            f"targets vs {t['reference']} ({t['reference_basis']}): cost ×{t['cost_ratio']:.2f} "
+            f"(≤ {t['cost_target']:.2f}: {_ok(t['cost_ok'])}), cloud ×{t['cloud_ratio']:.2f} (≤ 0.50: {_ok(t['cloud_ok'])}), "
+            f"misses {t['misses']} vs {t['misses_first_queued']} at the first queued job ({_ok(t['misses_ok'])}), "
+            f"×{t['bound_ratio']:.2f} the lower bound (≤ 1.30: {_ok(t['bound_ok'])}); {r.seconds:.1f} s",
+            highlight=False,
+        )
+    paths = write_outputs(reports, out)
+    console.print(f"wrote {', '.join(str(p) for p in paths)}")
+
+
+def _ok(flag: bool) -> str:
+    return "[green]met[/green]" if flag else "[red]not met[/red]"
+
+
+def report_table(r) -> Table:  # r: comparison.Report
+    table = Table(title=f"{r.capacity} on-prem GPUs, demand {r.demand_ratio:.2f}× (report half of the trace)")
+    for col in ("policy", "total $", "cloud $", "egress $", "missed", "miss %", "mean h", "p95 h", "on-prem util",
+                "preempt", "evict", "lost GPU-h", "cloud jobs"):
+        table.add_column(col, justify="right" if col != "policy" else "left")
+    for m in r.rows:
+        def f(v: float, fmt: str) -> str:
+            return "—" if v != v else format(v, fmt)
+        table.add_row(m.name, f(m.total_usd, ",.0f"), f(m.cloud_usd, ",.0f"), f(m.egress_usd, ",.0f"),
+                      str(m.misses) if m.name != "lower_bound" else "—", f(100 * m.miss_rate, ".2f"),
+                      f(m.mean_completion_h, ".2f"), f(m.p95_completion_h, ".2f"), f(m.onprem_utilization, ".2f"),
+                      str(m.preemptions) if m.name != "lower_bound" else "—",
+                      str(m.evictions) if m.name != "lower_bound" else "—", f(m.lost_gpu_hours, ".1f"),
+                      str(m.cloud_jobs) if m.name != "lower_bound" else "—",
+                      style="bold" if m.name == "ours" else None)
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``plan`` and ``simulate`` to the main CLI."""
+    app.command("plan")(plan)
+    app.command("simulate")(simulate)

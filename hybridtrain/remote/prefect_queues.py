@@ -1,0 +1,175 @@
+"""PrefectQueues: each site's training queue as the Prefect server sees it — waiting and running runs, GPUs in use.
+
+The adapter the placement engine's live inputs come from. It reads flow runs of the
+``train-stage`` flow in each site's work pool with ordinary filtered reads (``read_flow_runs``)
+and never calls the worker-poll endpoints, which would mark a queue READY as if a worker had
+polled it. Each run's parameters carry its job spec, so the backlog is known in GPUs and hours,
+not just in counts. Prefect is imported inside the methods: importing the core stays Prefect-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from hybridtrain.errors import SpecError
+from hybridtrain.placement.burst import RunningRun, WaitingRun
+from hybridtrain.placement.queue_state import QueuedRun, QueueState, QueueTier, remaining_hours
+from hybridtrain.placement.request import ResourceRequest, request_from_spec
+from hybridtrain.specs.job import JobSpec, parse_spec
+from hybridtrain.specs.sites import SitesCatalog
+
+TRAIN_FLOW = "train-stage"
+PAGE = 200
+
+
+@dataclass(frozen=True)
+class PoolRun:
+    """One train-stage flow run in a pool: its id, state, job spec and times."""
+
+    run_id: str
+    state: str  # SCHEDULED, PENDING or RUNNING (state type); "Late" shows in state_name
+    state_name: str
+    spec: JobSpec | None
+    parameters: dict[str, Any]
+    expected_start: datetime | None
+    started: datetime | None
+    deployment_id: str | None
+    created: datetime | None = None
+
+    @property
+    def gpus(self) -> int:
+        return max(1, self.spec.resources.gpus) if self.spec else 1
+
+    @property
+    def limit_hours(self) -> float:
+        return self.spec.resources.max_hours if self.spec else 1.0
+
+
+def _spec_of(params: Mapping[str, Any]) -> JobSpec | None:
+    raw = params.get("spec")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return parse_spec(raw, source="flow run parameters")
+    except SpecError:
+        return None  # a run with an unreadable spec still counts as one slot
+
+
+class PrefectQueues:
+    """Reads the train-stage backlog of every site's pool from the Prefect API in use."""
+
+    def __init__(self, sites: SitesCatalog, flow_name: str = TRAIN_FLOW):
+        self.sites = sites
+        self.flow_name = flow_name
+
+    def runs(self, pool: str) -> list[PoolRun]:
+        """Waiting (scheduled, late, pending) and running train-stage runs of ``pool``."""
+        return self.runs_by_pool([pool])[pool]
+
+    def runs_by_pool(self, pools: list[str]) -> dict[str, list[PoolRun]]:
+        """The same for several pools, read in one paged query (not one per pool)."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import (
+            FlowFilter,
+            FlowFilterName,
+            FlowRunFilter,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+            WorkPoolFilter,
+            WorkPoolFilterName,
+        )
+        from prefect.client.schemas.objects import StateType
+
+        found = []
+        with get_client(sync_client=True) as client:
+            while True:  # the API serves at most PAGE runs per call
+                page = client.read_flow_runs(
+                    flow_filter=FlowFilter(name=FlowFilterName(any_=[self.flow_name])),
+                    flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                        any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]))),
+                    work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=sorted(set(pools)))),
+                    limit=PAGE, offset=len(found),
+                )
+                found += page
+                if len(page) < PAGE:
+                    break
+        out: dict[str, list[PoolRun]] = {pool: [] for pool in pools}
+        for fr in found:
+            state = fr.state
+            out.setdefault(fr.work_pool_name or "", []).append(PoolRun(
+                run_id=str(fr.id),
+                state=state.type.value if state else "SCHEDULED",
+                state_name=state.name if state else "Scheduled",
+                spec=_spec_of(fr.parameters),
+                parameters=dict(fr.parameters),
+                expected_start=fr.expected_start_time,
+                started=fr.start_time,
+                deployment_id=str(fr.deployment_id) if fr.deployment_id else None,
+                created=fr.created,
+            ))
+        return out
+
+    def snapshot(self, now: datetime | None = None) -> dict[str, QueueState]:
+        """One ``QueueState`` per site, in GPU slots, with the backlog in arrival order."""
+        now = now or datetime.now(UTC)
+        states: dict[str, QueueState] = {}
+        by_pool = self.runs_by_pool([site.work_pool for site in self.sites.sites])
+        for site in self.sites.sites:
+            runs = by_pool[site.work_pool]
+            running = [r for r in runs if r.state == "RUNNING"]
+            # Future-scheduled runs are not queued yet; only due ones compete for slots now.
+            waiting = [r for r in runs if r.state != "RUNNING"
+                       and (r.expected_start is None or r.expected_start <= now)]
+            backlog = tuple(QueuedRun(r.gpus, r.limit_hours, QueueTier.on_demand, r.limit_hours)
+                            for r in sorted(waiting, key=lambda r: r.expected_start or now))
+            running_runs = tuple(
+                QueuedRun(r.gpus, remaining_hours(r.limit_hours, r.limit_hours,
+                                                  (now - r.started).total_seconds() / 3600 if r.started else 0.0),
+                          QueueTier.on_demand, r.limit_hours)
+                for r in running
+            )
+            states[site.name] = QueueState(
+                site=site.name,
+                gpu_slots=site.gpu_count,
+                gpus_in_use=sum(r.gpus for r in running),
+                scheduled=sum(1 for r in waiting if r.state == "SCHEDULED" and r.state_name != "Late"),
+                pending=sum(1 for r in waiting if r.state == "PENDING"),
+                late=sum(1 for r in waiting if r.state_name == "Late"),
+                running=len(running),
+                backlog=backlog,
+                running_runs=running_runs,
+            )
+        return states
+
+
+def request_of(run: PoolRun, now: datetime) -> ResourceRequest | None:
+    """The placement request of a queued train-stage run, as submitted (None if its spec is unreadable)."""
+    if run.spec is None:
+        return None
+    approved = run.parameters.get("approved") or {}
+    submitted = run.created or run.expected_start or now
+    return request_from_spec(run.spec, dataset_bytes=int(approved.get("size", 0)) or 0, now=submitted)
+
+
+def burst_inputs(runs: list[PoolRun], now: datetime) -> tuple[list[WaitingRun], list[RunningRun]]:
+    """The burst controller's view of one pool: waiting runs (arrival order) and running runs."""
+    waiting, running = [], []
+    for r in sorted(runs, key=lambda r: r.expected_start or r.created or now):
+        req = request_of(r, now)
+        if req is None:
+            continue
+        if r.state == "RUNNING":
+            elapsed = (now - r.started).total_seconds() / 3600 if r.started else 0.0
+            running.append(RunningRun(
+                r.run_id, req,
+                hours_left=remaining_hours(req.run_hours, req.max_run_hours, elapsed),
+                limit_hours_left=max(req.max_run_hours - elapsed, 0.0),
+                since_checkpoint_h=min(elapsed, req.checkpoint_interval_s / 3600),
+            ))
+        elif r.expected_start is None or r.expected_start <= now:
+            enqueued = (r.expected_start or r.created or now).timestamp()
+            waiting.append(WaitingRun(r.run_id, req, enqueued_at=enqueued))
+    return waiting, running

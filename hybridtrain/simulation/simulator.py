@@ -1,0 +1,524 @@
+"""Simulator: a discrete-event replay of jobs through the production placement engine, with a simulated clock.
+
+Nothing here decides where a job goes: every placement is ``Placement.decide`` (with the strategy
+under test), every move or eviction is ``plan_bursts``, every slot hand-out is ``admit``, every
+spot-or-on-demand switch is a ``SpotRule`` — the same code the flows call. The simulator only
+supplies what the live system would: the clock, the on-prem pool's state (for our policy one work
+queue per ``QueueTier``; for the baselines a single queue), queue snapshots built from the
+engine's *own* duration estimates (a ``HistoryQuantile`` learning from the runs that finished so
+far), spot outlooks read from the spot trace up to "now", and — when a run actually executes —
+its true duration and the trace's real preemptions.
+
+Execution model: on-prem runs take their true time; an evicted run loses the work since its last
+checkpoint and resumes (queued again here, or elsewhere) from it. Cloud capacity is elastic (no
+queue); a cloud run starts after the pool's start-up and the dataset sync (bytes at the slower
+bandwidth) and runs at the site's speed. A spot run follows its ``SpotRule`` at every trace change
+and every controller tick; a preemption loses the work since the last checkpoint (every
+``checkpoint_interval_s`` of progress) and each (re)start costs ``restart_s``, billed. The burst
+controller runs every ``controller_interval_s`` while runs wait.
+
+Costs: on-prem GPU-hours at the site's amortized price; cloud GPU-hours at list (on-demand) or
+catalog spot price; egress for the dataset (at the data site's price) and the final checkpoint
+(at the run site's price).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+from hybridtrain.errors import NoFeasiblePlacement
+from hybridtrain.placement.burst import RunningRun, WaitingRun, plan_bursts
+from hybridtrain.placement.cost_model import CostModel
+from hybridtrain.placement.duration_estimator import DeclaredLimit, DurationEstimator, HistoryQuantile
+from hybridtrain.placement.engine import CandidateView, Placement
+from hybridtrain.placement.policy import Policy
+from hybridtrain.placement.queue_state import (
+    BACKFILL_DEPTH,
+    QueuedRun,
+    QueueState,
+    QueueTier,
+    Slot,
+    admit,
+    remaining_hours,
+)
+from hybridtrain.placement.request import GB, DataTier, ResourceRequest
+from hybridtrain.placement.spot_rule import Greedy, SpotAction, SpotProgress, SpotRule, UniformProgress
+from hybridtrain.placement.strategy import Choice, Strategy, ThresholdBurst
+from hybridtrain.simulation.traces import SpotTrace
+from hybridtrain.simulation.workload import SimJob
+from hybridtrain.specs.sites import CapacityClass, Site
+
+REFERENCE_EPOCH = 1_700_000_000.0  # trace second 0 as a POSIX time, so clocks print as dates
+
+
+# --- what is simulated -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Sites, policy, cost model and spot traces of one simulated deployment."""
+
+    sites: tuple[Site, ...]
+    onprem: str
+    policy: Policy
+    spot_traces: dict[str, SpotTrace]
+    cost_model: CostModel = CostModel()
+    data_site: str | None = None  # where every job's data lives (default: the on-prem site)
+
+    @property
+    def capacity(self) -> int:
+        return self.site(self.onprem).gpu_count
+
+    def site(self, name: str) -> Site:
+        return next(s for s in self.sites if s.name == name)
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One policy under comparison: a strategy for arrivals, and what else it may use."""
+
+    name: str
+    strategy: Strategy | None = None  # None: the policy's own (per job class)
+    controller: bool = False  # run the burst controller
+    controller_interval_s: float = 600.0
+    tiered_queues: bool = False  # one on-prem work queue per QueueTier (else a single queue)
+    stay_reserve: int = 0  # on-prem headroom kept for runs whose data may not leave
+    evict: bool = False  # the controller may stop running runs that could leave, for ones that cannot
+    spot_rule: SpotRule = field(default_factory=UniformProgress)
+    estimator: Callable[[], DurationEstimator] = DeclaredLimit
+    #: quantile of the history estimate for runs *ahead in a queue* (None: the same as for the run itself)
+    queue_quantile: float | None = None
+    spot_work: str = "limit"  # what the spot rule thinks is left: "limit" (declared) or "estimate"
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to one job."""
+
+    job: SimJob
+    site: str = ""
+    capacity_class: str = ""
+    cloud: bool = False
+    moved: bool = False
+    unplaceable: bool = False
+    start: float = math.nan
+    finish: float = math.nan
+    onprem_gpu_hours: float = 0.0
+    spot_gpu_hours: float = 0.0
+    od_gpu_hours: float = 0.0
+    compute_usd: float = 0.0
+    egress_usd: float = 0.0
+    preemptions: int = 0  # spot capacity taken back
+    evictions: int = 0  # stopped on-prem to make room for a run that could not go elsewhere
+    lost_gpu_hours: float = 0.0
+
+    @property
+    def cost_usd(self) -> float:
+        return self.compute_usd + self.egress_usd
+
+    @property
+    def missed(self) -> bool:
+        if self.job.deadline is None:
+            return False
+        return self.unplaceable or self.finish > self.job.deadline + 1.0
+
+
+# --- baselines that exist only for comparison --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OnPremOnly:
+    """Baseline: every job waits for the on-prem pool; a job on-prem cannot run is unplaceable."""
+
+    name: ClassVar[str] = "onprem_only"
+
+    def choose(self, c: CandidateView) -> Choice:
+        pos = c.cheapest("onprem", meeting=False)
+        return Choice(pos, lambda: ["on-prem only"])
+
+
+@dataclass(frozen=True)
+class GreedySpotBurst:
+    """Baseline: a job that would wait goes to the cheapest spot it may use (else on-demand) at once."""
+
+    name: ClassVar[str] = "greedy_spot"
+
+    def choose(self, c: CandidateView) -> Choice:
+        onprem = c.cheapest("onprem", meeting=False)
+        if onprem >= 0 and not c.must_wait(onprem):
+            return Choice(onprem, lambda: ["on-prem free"])
+        for group in ("spot", "burst"):
+            pos = c.cheapest(group, meeting=False)
+            if pos >= 0:
+                return Choice(pos, lambda: [f"greedy {group}"])
+        return Choice(onprem, lambda: ["no cloud allowed"])
+
+
+def contenders(threshold_limits: Sequence[int] = (0, 1, 2, 4, 8, 16, 32, 64),
+               ours: Contender | None = None) -> list[Contender]:
+    """The comparison set: on-prem FIFO, cloud on-demand, threshold burst (swept), greedy spot, ours."""
+    out = [
+        Contender("onprem_fifo", OnPremOnly()),
+        Contender("cloud_on_demand", ThresholdBurst(queue_limit=-1)),
+        *[Contender(f"threshold_{n}", ThresholdBurst(queue_limit=n)) for n in threshold_limits],
+        Contender("greedy_spot", GreedySpotBurst(), spot_rule=Greedy()),
+        ours or our_policy(),
+    ]
+    return out
+
+
+def our_policy(quantile: float = 0.9, stay_reserve: int = 0, evict: bool = True, queue_quantile: float | None = 0.5,
+               spot_work: str = "limit", controller_interval_s: float = 600.0) -> Contender:
+    """Our policy: the policy file's strategies, burst controller (with evictions), tiered on-prem
+    queues, uniform progress on spot, and the engine's history estimates at ``quantile`` for a run
+    itself and ``queue_quantile`` for the runs queued behind it."""
+    return Contender(
+        "ours", strategy=None, controller=True, controller_interval_s=controller_interval_s, tiered_queues=True,
+        spot_rule=UniformProgress(),
+        estimator=lambda q=quantile: HistoryQuantile(quantile=q), queue_quantile=queue_quantile,
+        spot_work=spot_work, stay_reserve=stay_reserve, evict=evict,
+    )
+
+
+# --- the replay --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Queued:
+    job: SimJob
+    request: ResourceRequest  # for the work still to do
+    enqueued: float
+    tier: QueueTier
+    expected_h: float = 0.0  # the engine's expected hours, as others in the queue see this run
+    done_h: float = 0.0  # work already done and checkpointed (after an eviction)
+    cancelled: bool = False
+
+
+class Simulation:
+    """One replay of ``jobs`` under one contender (build a new one per run)."""
+
+    def __init__(self, scenario: Scenario, contender: Contender, *, time_offset: float = REFERENCE_EPOCH,
+                 spot_window_s: float = 86400.0) -> None:
+        self.sc = scenario
+        self.ct = contender
+        self.offset = time_offset
+        self.spot_window_s = spot_window_s
+        self.engine = Placement(scenario.sites, scenario.policy, scenario.cost_model)
+        self.estimator = contender.estimator()
+        self.capacity = scenario.capacity
+        self.reserved = contender.stay_reserve
+        self.onprem_price = scenario.site(scenario.onprem).gpu_hour_price
+        self.data_site = scenario.data_site or scenario.onprem
+        self.free = self.capacity
+        self.running: dict[str, tuple[_Queued, float, float]] = {}  # id → (entry, start, est hours)
+        self.queues: list[deque[_Queued]] = [deque() for _ in QueueTier]
+        self.waiting = 0
+        self.events: list[tuple[float, int, str, object]] = []
+        self.seq = 0
+        self.outcomes: dict[str, Outcome] = {}
+        self.next_tick = math.inf
+        self.prior: dict[str, Outcome] = {}  # what evicted runs already used
+
+    # --- inputs the engine sees --------------------------------------------------------------
+
+    def request(self, job: SimJob) -> ResourceRequest:
+        est = min(self.estimator.estimate(job.declared_hours, job.job_class), job.declared_hours)
+        return ResourceRequest(
+            job=job.id, gpus=job.gpus, run_hours=est, max_run_hours=job.declared_hours,
+            submitted_at=job.arrival + self.offset, data_site=self.data_site, dataset_bytes=job.dataset_bytes,
+            sensitivity=job.sensitivity, tier=DataTier.approved,
+            deadline=job.deadline + self.offset if job.deadline is not None else None,
+            job_class=job.job_class, checkpoint_bytes=job.checkpoint_bytes,
+            checkpoint_interval_s=job.checkpoint_interval_s,
+        )
+
+    def running_runs(self, t: float) -> tuple[QueuedRun, ...]:
+        out = []
+        for e, start, est in self.running.values():
+            elapsed = (t - start) / 3600.0
+            out.append(QueuedRun(e.job.gpus, remaining_hours(est, e.request.max_run_hours, elapsed), e.tier,
+                                 e.request.max_run_hours - elapsed))
+        return tuple(out)
+
+    def queue_state(self, t: float, detailed: bool) -> QueueState:
+        used = self.capacity - self.free
+        if not detailed:
+            return QueueState(self.sc.onprem, self.capacity, used, self.reserved, scheduled=self.waiting,
+                              running=len(self.running))
+        return QueueState(
+            self.sc.onprem, self.capacity, used, self.reserved, scheduled=self.waiting, running=len(self.running),
+            backlog=tuple(QueuedRun(e.job.gpus, max(e.expected_h - e.done_h, 0.01), e.tier, e.request.max_run_hours)
+                          for q in self.queues for e in q if not e.cancelled),
+            running_runs=self.running_runs(t),
+        )
+
+    def spot_outlooks(self, t: float) -> dict:
+        return {name: tr.outlook(t, self.spot_window_s) for name, tr in self.sc.spot_traces.items()}
+
+    # --- the event loop ----------------------------------------------------------------------
+
+    def push(self, t: float, kind: str, payload: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, payload))
+
+    def run(self, jobs: Sequence[SimJob]) -> list[Outcome]:
+        for job in jobs:
+            self.push(job.arrival, "arrive", job)
+        while self.events:
+            t, _, kind, payload = heapq.heappop(self.events)
+            if kind == "arrive":
+                self.arrive(t, payload)  # type: ignore[arg-type]
+            elif kind == "done":
+                self.finish_onprem(t, payload)  # type: ignore[arg-type]
+            elif kind == "observe":
+                job, hours = payload  # type: ignore[misc]
+                self.observe(job, hours)
+            elif kind == "tick":
+                self.tick(t)
+        return [self.outcomes[j.id] for j in jobs]
+
+    def observe(self, job: SimJob, hours: float) -> None:
+        if isinstance(self.estimator, HistoryQuantile):
+            self.estimator.observe(job.declared_hours, hours, job.job_class)
+
+    def arrive(self, t: float, job: SimJob) -> None:
+        req = self.request(job)
+        ct = self.ct
+        queues = {self.sc.onprem: self.queue_state(t, detailed=ct.controller)}
+        spot = self.spot_outlooks(t)
+        try:
+            d = self.engine.decide(req, now=t + self.offset, queues=queues, spot=spot, strategy=ct.strategy)
+        except NoFeasiblePlacement:
+            self.outcomes[job.id] = Outcome(job, unplaceable=True)
+            return
+        if d.site == self.sc.onprem:
+            self.enqueue(t, job, req, d.queue_tier if ct.tiered_queues else QueueTier.on_demand)
+        else:
+            self.run_cloud(t, job, req, d.site, d.capacity_class)
+
+    def expected(self, job: SimJob) -> float:
+        q = self.ct.queue_quantile
+        if q is None or not isinstance(self.estimator, HistoryQuantile):
+            return self.estimator.estimate(job.declared_hours, job.job_class)
+        return self.estimator.estimate(job.declared_hours, job.job_class, q)
+
+    def enqueue(self, t: float, job: SimJob, req: ResourceRequest, tier: QueueTier) -> None:
+        self.queues[tier].append(_Queued(job, req, t, tier, self.expected(job)))
+        self.waiting += 1
+        self.start_ready(t)
+        if self.ct.controller and self.waiting and self.next_tick == math.inf:
+            self.next_tick = t + self.ct.controller_interval_s
+            self.push(self.next_tick, "tick", None)
+
+    def start_ready(self, t: float) -> None:
+        """Start the waiting runs the pool's rule (``admit``) lets start now."""
+        if self.free <= 0 or not self.waiting:
+            return
+        waiting = []
+        for q in self.queues:  # only the runs admit can look at
+            for e in q:
+                if not e.cancelled:
+                    waiting.append(e)
+                    if len(waiting) > BACKFILL_DEPTH + 64:
+                        break
+        slots = [Slot(start + e.request.max_run_hours * 3600.0, e.job.gpus, e.tier) for e, start, _ in self.running.values()]
+        runs = [QueuedRun(e.job.gpus, e.request.run_hours, e.tier, e.request.max_run_hours) for e in waiting]
+        chosen = admit(t, self.capacity, slots, runs, self.reserved)
+        for i in chosen:
+            e = waiting[i]
+            e.cancelled = True  # leaves the queue
+            self.waiting -= 1
+            self.free -= e.job.gpus
+            self.running[e.job.id] = (e, t, max(e.expected_h - e.done_h, 0.01))
+            self.push(t + (e.job.true_hours - e.done_h) * 3600.0, "done", e.job.id)
+        for q in self.queues:
+            while q and q[0].cancelled:
+                q.popleft()
+
+    def finish_onprem(self, t: float, job_id: str) -> None:
+        if job_id not in self.running:
+            return  # evicted earlier
+        entry, start, _ = self.running.pop(job_id)
+        job = entry.job
+        self.free += job.gpus
+        gh = job.gpus * (job.true_hours - entry.done_h)
+        out = Outcome(job, site=self.sc.onprem, capacity_class=CapacityClass.fixed.value, start=start, finish=t,
+                      onprem_gpu_hours=gh, compute_usd=gh * self.onprem_price)
+        self.outcomes[job.id] = self.merge(out)
+        self.observe(job, job.true_hours)
+        self.start_ready(t)
+
+    def tick(self, t: float) -> None:
+        self.next_tick = math.inf
+        waiting = [e for q in self.queues for e in q if not e.cancelled]
+        if not waiting:
+            return
+        runs = [WaitingRun(e.job.id, e.request, e.enqueued + self.offset, max(e.expected_h - e.done_h, 0.01), e.tier)
+                for e in waiting]
+        by_id = {e.job.id: e for e in waiting}
+        running = []
+        for e, start, est in self.running.values():
+            elapsed = (t - start) / 3600.0
+            ckpt_h = e.job.checkpoint_interval_s / 3600.0
+            running.append(RunningRun(e.job.id, e.request, remaining_hours(est, e.request.max_run_hours, elapsed),
+                                      e.request.max_run_hours - elapsed, elapsed % ckpt_h, e.tier))
+        plan = plan_bursts(self.engine, self.sc.onprem, runs, now=t + self.offset, gpu_slots=self.capacity,
+                           running=running, reserved_slots=self.reserved, spot=self.spot_outlooks(t),
+                           evict=self.ct.evict, margin_s=self.ct.controller_interval_s)
+        for ev in plan.evictions:
+            self.evict(t, ev.run_id, None if ev.resume_here else (ev.to_site, ev.decision.capacity_class))
+        for move in plan.moves:
+            e = by_id[move.run_id]
+            e.cancelled = True
+            self.waiting -= 1
+            self.run_cloud(t, e.job, e.request, move.to_site, move.decision.capacity_class, moved=True)
+        self.start_ready(t)
+        if self.waiting:
+            self.next_tick = t + self.ct.controller_interval_s
+            self.push(self.next_tick, "tick", None)
+
+    def evict(self, t: float, job_id: str, to: tuple[str, CapacityClass] | None) -> None:
+        """Stop an on-prem run at its last checkpoint; queue it again here (``to=None``) or resume it at ``to``."""
+        entry, start, _ = self.running.pop(job_id)
+        job = entry.job
+        self.free += job.gpus
+        ran_h = (t - start) / 3600.0
+        ckpt_h = job.checkpoint_interval_s / 3600.0
+        kept_h = min(math.floor(ran_h / ckpt_h + 1e-9) * ckpt_h, job.true_hours - entry.done_h)
+        prior = self.prior.setdefault(job.id, Outcome(job))
+        prior.onprem_gpu_hours += job.gpus * ran_h
+        prior.compute_usd += job.gpus * ran_h * self.onprem_price
+        prior.lost_gpu_hours += job.gpus * (ran_h - kept_h)
+        prior.evictions += 1
+        prior.moved = True
+        done_h = entry.done_h + kept_h
+        req = entry.request
+        left = replace(req, run_hours=max(req.run_hours - kept_h, 0.01), max_run_hours=max(req.max_run_hours - kept_h, 0.01))
+        if to is None:
+            self.queues[entry.tier].appendleft(_Queued(job, left, entry.enqueued, entry.tier, entry.expected_h, done_h))
+            self.waiting += 1
+        else:
+            self.run_cloud(t, job, left, to[0], to[1], moved=True, done_h=done_h)
+
+    def merge(self, out: Outcome) -> Outcome:
+        """Add what an evicted run used before to its final outcome."""
+        prior = self.prior.pop(out.job.id, None)
+        if prior is not None:
+            out.onprem_gpu_hours += prior.onprem_gpu_hours
+            out.compute_usd += prior.compute_usd
+            out.lost_gpu_hours += prior.lost_gpu_hours
+            out.evictions += prior.evictions
+            out.moved = True
+        return out
+
+    # --- cloud execution ---------------------------------------------------------------------
+
+    def run_cloud(self, t: float, job: SimJob, req: ResourceRequest, site_name: str, klass: CapacityClass,
+                  moved: bool = False, done_h: float = 0.0) -> None:
+        site = self.sc.site(site_name)
+        src = self.sc.site(self.data_site)
+        remote = site.name != self.data_site
+        cm = self.sc.cost_model
+        sync = job.dataset_bytes * 8 / (min(src.bandwidth_mbps, site.bandwidth_mbps) * 1e6) if remote else 0.0
+        egress = (job.dataset_bytes / GB * src.egress_per_gb + job.checkpoint_bytes / GB * site.egress_per_gb) if remote else 0.0
+        begin = t + cm.startup(site) + sync
+        work_h = (job.true_hours - done_h) / cm.speed(site)
+        out = Outcome(job, site=site.name, capacity_class=klass.value, cloud=True, moved=moved, start=begin,
+                      egress_usd=egress)
+        if klass is CapacityClass.opportunistic:
+            planned = req.max_run_hours if self.ct.spot_work == "limit" else req.run_hours
+            self.run_spot(out, site, begin, work_h, planned / cm.speed(site))
+        else:
+            out.finish = begin + work_h * 3600.0
+            out.od_gpu_hours = job.gpus * work_h
+            out.compute_usd = out.od_gpu_hours * site.gpu_hour_price
+        self.outcomes[job.id] = self.merge(out)
+        self.push(out.finish, "observe", (job, job.true_hours))
+
+    def run_spot(self, out: Outcome, site: Site, begin: float, work_h: float, planned_h: float) -> None:
+        """Replay one spot run against the site's trace under the contender's spot rule."""
+        trace = self.sc.spot_traces[site.name]
+        rule = self.ct.spot_rule
+        restart_h = self.sc.cost_model.restart_s / 3600.0
+        tick_s = self.ct.controller_interval_s
+        ckpt_h = out.job.checkpoint_interval_s / 3600.0
+        deadline = out.job.deadline
+        t, done, current = begin, 0.0, SpotAction.wait
+        spot_h = od_h = lost = 0.0
+        preemptions = 0
+        fresh = True  # the first launch's start-up is already counted
+        while done < work_h - 1e-9:
+            avail = trace.is_available(t)
+            action = rule.choose(SpotProgress(
+                now=t, started_at=begin, deadline=deadline, work_done_h=done,
+                work_left_h=max(planned_h - done, 0.0), spot_available=avail, current=current))
+            if action is SpotAction.wait:
+                current = SpotAction.wait
+                t = min(trace.next_change(t) if not avail else t + tick_s, t + tick_s)
+                continue
+            if action is not current and not fresh:
+                # relaunch / switch: restart time billed, no progress
+                if action is SpotAction.spot:
+                    spot_h += restart_h
+                else:
+                    od_h += restart_h
+                t += restart_h * 3600.0
+                if action is SpotAction.spot and not trace.is_available(t):
+                    current = SpotAction.wait
+                    preemptions += 1
+                    continue
+            fresh = False
+            current = action
+            remaining_s = (work_h - done) * 3600.0
+            if action is SpotAction.spot:
+                until = min(trace.next_change(t), t + remaining_s)
+                ran_h = (until - t) / 3600.0
+                spot_h += ran_h
+                done += ran_h
+                t = until
+                if done < work_h - 1e-9:  # preempted: back to the last checkpoint
+                    kept = math.floor(done / ckpt_h + 1e-9) * ckpt_h
+                    lost += done - kept
+                    done = kept
+                    preemptions += 1
+                    current = SpotAction.wait
+            else:
+                until = t + remaining_s if isinstance(rule, Greedy) else min(t + remaining_s, t + tick_s)
+                ran_h = (until - t) / 3600.0
+                od_h += ran_h
+                done += ran_h
+                t = until
+        gpus = out.job.gpus
+        out.finish = t
+        out.spot_gpu_hours = gpus * spot_h
+        out.od_gpu_hours = gpus * od_h
+        out.preemptions = preemptions
+        out.lost_gpu_hours = gpus * lost
+        out.compute_usd = out.spot_gpu_hours * (site.spot_price_per_gpu_hour or 0.0) + out.od_gpu_hours * site.gpu_hour_price
+
+
+def lower_bound(scenario: Scenario, jobs: Sequence[SimJob]) -> list[float | None]:
+    """Per job: the cheapest price any allowed option offers × its true GPU-hours (+ data movement).
+
+    Capacity, queues and preemptions are ignored, so no schedule can cost less; jobs no site may
+    run are ``None``.
+    """
+    sim = Simulation(scenario, Contender("lower_bound"))
+    cm = scenario.cost_model
+    out: list[float | None] = []
+    for job in jobs:
+        plan = sim.engine.plan_for(sim.request(job))
+        best = None
+        for c in plan.cands:
+            site = scenario.site(c.site)
+            price = site.spot_price_per_gpu_hour if c.spot and site.spot_price_per_gpu_hour is not None else c.price
+            cost = job.gpu_hours / cm.speed(site) * price
+            cost += job.dataset_bytes * c.egress_usd_per_byte + job.checkpoint_bytes * c.ckpt_usd_per_byte
+            best = cost if best is None else min(best, cost)
+        out.append(best)
+    return out

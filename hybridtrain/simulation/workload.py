@@ -1,0 +1,137 @@
+"""Workload: the training jobs the simulator replays, made from the Alibaba GPU pod trace with fixed, seeded draws.
+
+From pods to jobs:
+
+- every pod that asked for a GPU and was scheduled becomes one job (Pending pods never ran);
+  Running, Succeeded and Failed pods all used their GPUs, so all are kept;
+- arrival = the pod's creation time; true run time = deletion − scheduled time; GPUs =
+  ``num_gpu`` (a fractional, shared GPU counts as one — sites here hand out whole GPUs);
+- pods cut off by the end of observation (deletion at the last timestamp) and pods that ran
+  longer than ``max_run_hours`` (long-lived services, not training) are dropped;
+- job class from the pod's QoS: ``LS``/``Guaranteed`` → production, ``Burstable`` → standard,
+  ``BE`` (best effort) → opportunistic (may use spot).
+
+Drawn per job, from ``numpy.random.default_rng(seed)`` in pod order:
+
+- the user's declared limit (``resources.max_hours``): true hours × U(1, ``declare_max``),
+  rounded up to the next of ``HOUR_GRID`` — users round up and over-ask, never under-ask (the
+  limit is enforced);
+- sensitivity: restricted / confidential / internal / public with ``sensitivity_shares``
+  (10 / 30 / 45 / 15 %);
+- deadline: per class, a share of jobs get one at arrival + max(``min_deadline_h``,
+  U(lo, hi) × declared hours); the rest rely on the policy's wait SLO;
+- dataset size: log-normal (median ``dataset_median_gb``, σ ``dataset_sigma``), clipped to
+  [``dataset_min_gb``, ``dataset_max_gb``]; checkpoints ``checkpoint_gb`` every 30 min.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hybridtrain.simulation.traces import Pod
+from hybridtrain.specs.job import Sensitivity
+
+HOUR_GRID = (0.25, 0.5, 1, 2, 3, 4, 6, 8, 12, 16, 24, 36, 48, 72, 96, 120)
+QOS_CLASS = {"LS": "production", "Guaranteed": "production", "Burstable": "standard", "BE": "opportunistic"}
+
+
+@dataclass(frozen=True)
+class WorkloadParams:
+    """The fixed parameters of the pod → job conversion (change them and the results change)."""
+
+    seed: int = 2024
+    max_run_hours: float = 72.0
+    declare_max: float = 3.0
+    #: shares of restricted, confidential, internal, public (in that order)
+    sensitivity_shares: tuple[float, float, float, float] = (0.10, 0.30, 0.45, 0.15)
+    #: class → (share with a deadline, slack low, slack high) — slack multiplies declared hours
+    deadlines: dict[str, tuple[float, float, float]] = field(default_factory=lambda: {
+        "production": (1.0, 1.5, 3.0),
+        "standard": (0.7, 2.0, 6.0),
+        "opportunistic": (0.5, 3.0, 10.0),
+    })
+    min_deadline_h: float = 1.0
+    dataset_median_gb: float = 20.0
+    dataset_sigma: float = 1.0
+    dataset_min_gb: float = 0.5
+    dataset_max_gb: float = 500.0
+    checkpoint_gb: float = 2.0
+    checkpoint_interval_s: float = 1800.0
+
+
+@dataclass(frozen=True, slots=True)
+class SimJob:
+    """One replayed job: what the trace says (arrival, GPUs, true hours) and what was drawn."""
+
+    id: str
+    arrival: float
+    gpus: int
+    true_hours: float
+    declared_hours: float
+    job_class: str
+    sensitivity: Sensitivity
+    deadline: float | None
+    dataset_bytes: int
+    checkpoint_bytes: int
+    checkpoint_interval_s: float
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpus * self.true_hours
+
+
+def round_up(hours: float) -> float:
+    for h in HOUR_GRID:
+        if hours <= h:
+            return float(h)
+    return float(HOUR_GRID[-1])
+
+
+def jobs_from_pods(pods: list[Pod], params: WorkloadParams = WorkloadParams()) -> list[SimJob]:
+    """The simulator's jobs, sorted by arrival (see the module docstring for every rule)."""
+    end = max(p.deletion for p in pods)
+    rng = np.random.default_rng(params.seed)
+    sens = [Sensitivity.restricted, Sensitivity.confidential, Sensitivity.internal, Sensitivity.public]
+    shares = np.asarray(params.sensitivity_shares) / sum(params.sensitivity_shares)
+    jobs = []
+    for pod in pods:
+        if pod.num_gpu < 1 or pod.scheduled is None or pod.deletion >= end:
+            continue
+        hours = (pod.deletion - pod.scheduled) / 3600.0
+        if hours <= 0 or hours > params.max_run_hours:
+            continue
+        # Draw every number for every kept pod, in a fixed order, so one change does not shift the rest.
+        u_declare, u_sens, u_has_deadline, u_slack = rng.random(4)
+        gb = rng.lognormal(np.log(params.dataset_median_gb), params.dataset_sigma)
+        declared = round_up(hours * (1.0 + u_declare * (params.declare_max - 1.0)))
+        job_class = QOS_CLASS.get(pod.qos, "standard")
+        share, lo, hi = params.deadlines[job_class]
+        deadline = None
+        if u_has_deadline < share:
+            window_h = max(params.min_deadline_h, (lo + u_slack * (hi - lo)) * declared)
+            deadline = pod.creation + window_h * 3600.0
+        jobs.append(SimJob(
+            id=pod.name,
+            arrival=pod.creation,
+            gpus=pod.num_gpu,
+            true_hours=hours,
+            declared_hours=declared,
+            job_class=job_class,
+            sensitivity=sens[int(np.searchsorted(np.cumsum(shares), u_sens, side="right"))],
+            deadline=deadline,
+            dataset_bytes=int(min(max(gb, params.dataset_min_gb), params.dataset_max_gb) * 1e9),
+            checkpoint_bytes=int(params.checkpoint_gb * 1e9),
+            checkpoint_interval_s=params.checkpoint_interval_s,
+        ))
+    jobs.sort(key=lambda j: (j.arrival, j.id))
+    return jobs
+
+
+def demand_gpus(jobs: list[SimJob]) -> float:
+    """Mean GPUs the jobs ask for over their arrival span (GPU-hours ÷ span hours)."""
+    if len(jobs) < 2:
+        return float(sum(j.gpu_hours for j in jobs))
+    span_h = (jobs[-1].arrival - jobs[0].arrival) / 3600.0
+    return sum(j.gpu_hours for j in jobs) / max(span_h, 1e-9)

@@ -1,0 +1,220 @@
+"""Site: one place where stages can run — an on-prem GPU cluster or a cloud region — and the catalog of them.
+
+A site says where it is (region, jurisdiction), what it has (GPU type and count, capacity
+class), what it costs (price per GPU-hour — amortized for on-prem — and egress per GB), which
+Prefect work pool runs its work, where its object store lives and how to reach its hosts.
+The catalog is ``deployments/sites.yaml``; the same fields can be stored as Prefect Blocks.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from hybridtrain.errors import Problem, SpecError
+from hybridtrain.specs.config_file import load_model
+
+NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+# A site store's layout: DVC objects under one prefix, checkpoints and artifacts under another.
+DVC_SUBDIR = "dvc"
+CHECKPOINT_SUBDIR = "objects"
+DVC_S3_CONNECT_TIMEOUT_S = 10
+DVC_S3_READ_TIMEOUT_S = 120
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SiteKind(StrEnum):
+    onprem = "onprem"
+    cloud = "cloud"
+
+
+class CapacityClass(StrEnum):
+    """How reliably capacity is there: owned (fixed), rented on demand (burst), or spot (opportunistic)."""
+
+    fixed = "fixed"
+    burst = "burst"
+    opportunistic = "opportunistic"
+
+
+class OnPremCost(Strict):
+    """What an owned GPU costs per hour once capex, lifetime, power and utilization are counted."""
+
+    capex_per_gpu_usd: float = Field(gt=0, description="Purchase price per GPU incl. its share of the server.")
+    lifetime_years: float = Field(gt=0, description="Depreciation period.")
+    power_kw_per_gpu: float = Field(ge=0, description="Average draw per GPU incl. cooling overhead (PUE).")
+    power_price_per_kwh: float = Field(ge=0)
+    utilization: float = Field(gt=0, le=1, description="Share of hours the GPU does paid-for work.")
+    opex_per_gpu_year_usd: float = Field(0.0, ge=0, description="Support, space, staff per GPU and year.")
+
+    def price_per_gpu_hour(self) -> float:
+        hours = self.lifetime_years * 365 * 24
+        capital = (self.capex_per_gpu_usd + self.opex_per_gpu_year_usd * self.lifetime_years) / hours
+        return capital / self.utilization + self.power_kw_per_gpu * self.power_price_per_kwh
+
+
+class LocalStore(Strict):
+    """A directory standing in for a site's object store (embedded default)."""
+
+    kind: Literal["local"] = "local"
+    path: str = Field(description="Directory; relative paths are relative to the workspace root.")
+
+
+class S3Store(Strict):
+    """An S3-compatible bucket (AWS, MinIO, Ceph...)."""
+
+    kind: Literal["s3"] = "s3"
+    bucket: str = Field(min_length=3, max_length=63)
+    prefix: str = ""
+    endpoint_url: str | None = Field(None, description="Omit for AWS; set for MinIO/Ceph/moto.")
+    region: str = "us-east-1"
+    access_key_id: str | None = None
+    secret_access_key: SecretStr | None = None
+
+
+Store = Annotated[LocalStore | S3Store, Field(discriminator="kind")]
+
+
+class SshHost(Strict):
+    """An on-prem host reachable over SSH (key auth, host key pinned in known_hosts)."""
+
+    hostname: str
+    port: int = Field(22, ge=1, le=65535)
+    username: str
+    gpus: int = Field(0, ge=0)
+    workdir: str = Field("~/hybridtrain", description="Where job bundles are unpacked on the host.")
+    python: str = Field("python3", description="Interpreter on the host with hybridtrain installed.")
+    connect_timeout_s: float = Field(10.0, gt=0, description="TCP connect, banner, auth, opening a channel.")
+    command_timeout_s: float = Field(60.0, gt=0, description="One short command or SFTP operation.")
+    reconnect_s: float = Field(
+        60.0, gt=0, description="How long a dropped link to a running job is retried before the site counts as lost.")
+
+
+class Site(Strict):
+    """One environment: its place, its GPUs, its prices, its work pool, its store and its hosts."""
+
+    name: str = Field(pattern=NAME_RE, description="Unique site name, used in specs and policies.")
+    kind: SiteKind
+    region: str
+    jurisdiction: str = Field(description="Legal area for residency rules, e.g. EU, UK, US.")
+    gpu_type: str | None = Field(None, description="e.g. A100, H100, V100; None for CPU-only sites.")
+    gpu_count: int = Field(0, ge=0, description="GPUs the site can give this platform at once.")
+    capacity_class: CapacityClass = CapacityClass.fixed
+    price_per_gpu_hour: float | None = Field(
+        None, ge=0, description="Cloud list price; on-prem sites may give onprem_cost instead."
+    )
+    spot_price_per_gpu_hour: float | None = Field(None, ge=0)
+    onprem_cost: OnPremCost | None = None
+    egress_per_gb: float = Field(0.0, ge=0, description="USD per GB leaving this site.")
+    bandwidth_mbps: float = Field(1000.0, gt=0, description="Sustained transfer rate to other sites.")
+    work_pool: str = Field(pattern=NAME_RE, description="Prefect work pool that runs this site's work.")
+    store: Store
+    hosts: tuple[SshHost, ...] = ()
+
+    @model_validator(mode="after")
+    def _priced(self) -> Site:
+        if self.price_per_gpu_hour is None and self.onprem_cost is None:
+            raise ValueError("give price_per_gpu_hour or onprem_cost so the site's GPU-hour has a price")
+        if self.onprem_cost is not None and self.kind is not SiteKind.onprem:
+            raise ValueError("onprem_cost applies to kind: onprem sites only")
+        return self
+
+    @property
+    def gpu_hour_price(self) -> float:
+        """Price per GPU-hour in USD: amortized for on-prem, list price for cloud."""
+        if self.onprem_cost is not None:
+            return self.onprem_cost.price_per_gpu_hour()
+        assert self.price_per_gpu_hour is not None
+        return self.price_per_gpu_hour
+
+    @property
+    def dvc_remote(self) -> str:
+        """Name of the DVC remote that is this site's store."""
+        return self.name
+
+    def store_url(self, root: Path) -> str:
+        """URL of the site's store: an absolute directory, or s3://bucket/prefix."""
+        if isinstance(self.store, LocalStore):
+            p = Path(self.store.path)
+            return str(p if p.is_absolute() else (root / p).resolve())
+        prefix = self.store.prefix.strip("/")
+        return f"s3://{self.store.bucket}/{prefix}" if prefix else f"s3://{self.store.bucket}"
+
+    def dvc_remote_config(self, root: Path, subdir: str = "dvc") -> dict[str, str]:
+        """This site's store as a DVC remote section, without secrets (safe to write to DVC config).
+
+        Local: ``{"url": "<store dir>/dvc"}``. S3: ``{"url": "s3://bucket/prefix/dvc",
+        "endpointurl": ..., "region": ..., "connect_timeout": ..., "read_timeout": ...}`` (dvc-s3
+        option names; the timeouts keep a push to an unreachable endpoint from hanging).
+        """
+        conf = {"url": f"{self.store_url(root)}/{subdir}" if subdir else self.store_url(root)}
+        if isinstance(self.store, S3Store):
+            if self.store.endpoint_url:
+                conf["endpointurl"] = self.store.endpoint_url
+            conf["region"] = self.store.region
+            conf["connect_timeout"] = str(DVC_S3_CONNECT_TIMEOUT_S)
+            conf["read_timeout"] = str(DVC_S3_READ_TIMEOUT_S)
+        return conf
+
+    def dvc_remote_secrets(self) -> dict[str, str]:
+        """The store's credentials as DVC remote options; keep them in memory, never in a config file."""
+        if not isinstance(self.store, S3Store):
+            return {}
+        out: dict[str, str] = {}
+        if self.store.access_key_id:
+            out["access_key_id"] = self.store.access_key_id
+        if self.store.secret_access_key is not None:
+            out["secret_access_key"] = self.store.secret_access_key.get_secret_value()
+        return out
+
+
+class SitesCatalog(Strict):
+    """All sites of a deployment (``deployments/sites.yaml``)."""
+
+    apiVersion: Literal["hybridtrain/v1"]
+    kind: Literal["SitesCatalog"] = "SitesCatalog"
+    sites: tuple[Site, ...] = Field(min_length=1)
+
+    @field_validator("sites")
+    @classmethod
+    def _unique(cls, sites: tuple[Site, ...]) -> tuple[Site, ...]:
+        seen: set[str] = set()
+        for s in sites:
+            if s.name in seen:
+                raise ValueError(f"site name {s.name!r} appears twice; names must be unique")
+            seen.add(s.name)
+        return sites
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.sites]
+
+    def get(self, name: str) -> Site:
+        for s in self.sites:
+            if s.name == name:
+                return s
+        raise SpecError(
+            "sites catalog",
+            [Problem("sites", f"no site named {name!r}; known sites: {', '.join(self.names)}")],
+        )
+
+    def by_pool(self, pool: str) -> list[Site]:
+        return [s for s in self.sites if s.work_pool == pool]
+
+    @property
+    def pools(self) -> list[str]:
+        return sorted({s.work_pool for s in self.sites})
+
+    @classmethod
+    def load(cls, path: Path | str) -> SitesCatalog:
+        return load_model(cls, path)
+
+
+def is_valid_name(name: str) -> bool:
+    return re.match(NAME_RE, name) is not None

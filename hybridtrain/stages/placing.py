@@ -1,0 +1,145 @@
+"""Placing: the placement decision for one lifecycle from live inputs, and the site health it depends on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel
+
+from hybridtrain.specs.job import JobSpec
+from hybridtrain.specs.sites import Site
+from hybridtrain.tracking.model_registry import Registry
+from hybridtrain.workspace import Workspace
+
+if TYPE_CHECKING:
+    pass
+
+from hybridtrain.stages.site_access import audit
+
+M = TypeVar("M", bound=BaseModel)
+
+class PlacementOutcome(BaseModel):
+    """The engine's decision for one lifecycle, in a form that travels (Prefect results, MLflow)."""
+
+    site: str
+    capacity_class: str
+    strategy: str
+    cost_usd: float
+    finish_at: datetime
+    deadline: datetime | None
+    meets_deadline: bool
+    needs_sync: bool
+    must_stay: bool
+    queue_tier: str
+    queue_wait_s: float
+    run_hours: float
+    reasons: list[str]
+    breakdown: list[str]
+    candidates: list[dict[str, str]]
+    rejected: dict[str, str]
+    tags: dict[str, str]
+
+    def to_markdown(self) -> str:
+        lines = [f"# Placement: **{self.site}** ({self.capacity_class}, strategy {self.strategy})", "",
+                 f"Estimated cost ${self.cost_usd:.2f}, finish {self.finish_at:%Y-%m-%d %H:%M} UTC"
+                 + (f", deadline {self.deadline:%Y-%m-%d %H:%M} UTC" if self.deadline else "")
+                 + (" — meets it." if self.meets_deadline else " — **misses it** (least late option)."), ""]
+        lines += [f"- {r}" for r in self.reasons]
+        lines += ["", "## Cost breakdown", ""] + [f"- {b}" for b in self.breakdown]
+        if self.rejected:
+            lines += ["", "## Rejected", ""] + [f"- {k}: {v}" for k, v in self.rejected.items()]
+        if self.candidates:
+            cols = list(self.candidates[0])
+            lines += ["", "## Every candidate", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            lines += ["| " + " | ".join(str(c.get(k, "")).replace("|", "\\|") for k in cols) + " |"
+                      for c in self.candidates]
+        return "\n".join(lines)
+
+
+def estimate_run_hours(ws: Workspace, spec: JobSpec) -> float | None:
+    """The engine's own run-time estimate for ``spec``: a high quantile of what this job's recent
+    training runs took (MLflow metric ``train_seconds``), capped by its declared limit; None
+    (use the declared limit) until three runs have finished."""
+    from hybridtrain.placement.duration_estimator import HistoryQuantile
+
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    runs = registry.job_runs(ws.experiment, spec.name, limit=50)
+    samples = [r.data.metrics["train_seconds"] / 3600 for r in runs if "train_seconds" in r.data.metrics]
+    if len(samples) < 3:
+        return None
+    history = HistoryQuantile(quantile=0.9, min_samples=3)
+    for hours in samples:
+        history.observe(spec.resources.max_hours, hours)
+    return history.estimate(spec.resources.max_hours)
+
+
+def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, queues: dict | None, now: datetime,
+          run_hours: float | None = None, unavailable: dict[str, str] | None = None) -> PlacementOutcome:
+    """Decide the training site with the placement engine (pure given its inputs: queues, clock, history).
+
+    ``unavailable`` (site → reason: failed health checks, a site that just lost the run) is left out
+    of this decision; when it leaves no site the policy allows, ``NoFeasiblePlacement`` says so.
+    """
+    from hybridtrain.placement.engine import Placement
+    from hybridtrain.placement.policy import Policy
+    from hybridtrain.placement.request import request_from_spec
+
+    sites = ws.load_sites()
+    policy = Policy.load(ws.policy_file, sites)
+    request = request_from_spec(spec, dataset_bytes=dataset_bytes, now=now, run_hours=run_hours)
+    decision = Placement(sites, policy).decide(request, now=now.timestamp(), queues=queues, unavailable=unavailable)
+    return PlacementOutcome(
+        site=decision.site,
+        capacity_class=decision.capacity_class.value,
+        strategy=decision.strategy,
+        cost_usd=decision.cost_usd,
+        finish_at=datetime.fromtimestamp(decision.finish_at, UTC),
+        deadline=datetime.fromtimestamp(decision.deadline, UTC) if decision.deadline else None,
+        meets_deadline=decision.meets_deadline,
+        needs_sync=decision.needs_sync,
+        must_stay=decision.must_stay,
+        queue_tier=decision.queue_tier.name,
+        queue_wait_s=decision.queue_wait_s,
+        run_hours=request.run_hours,
+        reasons=decision.reasons,
+        breakdown=decision.estimate.lines(),
+        candidates=decision.to_table(),
+        rejected=decision.rejected,
+        tags={f"hybridtrain.{k}": v for k, v in decision.to_tags().items()},
+    )
+
+
+def site_health(ws: Workspace, workers_online: Callable[[str], int | None] | None = None,
+                timeout_s: float = 5.0) -> list[Any]:
+    """Health of every site in the catalog (``site_health.check_site``): its SSH hosts with the key
+    its block holds, its store, and — when ``workers_online`` (pool → live workers) is given — its
+    pool's worker heartbeat. Probes run in parallel threads, each bounded by ``timeout_s``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hybridtrain.remote.site_health import check_site
+
+    sites = ws.load_sites()
+
+    def one(site: Site) -> Any:
+        secret = ws.secrets.get(site.name) if ws.secrets is not None else None
+        ssh = secret is not None and secret.has_ssh and bool(site.hosts)
+        workers = workers_online(site.work_pool) if workers_online is not None else None
+        return check_site(site, ws.root, private_key=secret.ssh_private_key if ssh else None,
+                          known_hosts=(secret.ssh_known_hosts or "") if ssh else None,
+                          workers_online=workers, timeout_s=timeout_s)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(sites.sites)))) as pool:
+        return list(pool.map(one, sites.sites))
+
+
+def record_placement(ws: Workspace, run_id: str, outcome: PlacementOutcome, job: str = "") -> None:
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    registry.set_tags(run_id, outcome.tags)
+    registry.log_dict(run_id, outcome.model_dump(mode="json"), "reports/placement.json")
+    audit(ws).append(actor=ws.actor, action="placement", subject=f"job {job or run_id}",
+                     inputs={"mlflow_run_id": run_id, "site": outcome.site, "capacity_class": outcome.capacity_class,
+                             "strategy": outcome.strategy, "est_cost_usd": round(outcome.cost_usd, 4),
+                             "rejected": outcome.rejected, "reasons": outcome.reasons},
+                     outcome=f"{outcome.site} ({outcome.capacity_class})")

@@ -1,0 +1,146 @@
+"""Promotion stage: gates → signed bundle → champion alias → release targets, with the ledger and audit records."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hybridtrain.datasets.transfer import TransferRecord
+from hybridtrain.specs.job import JobSpec
+from hybridtrain.specs.sites import SitesCatalog
+from hybridtrain.tracking.lineage import Lineage
+from hybridtrain.tracking.model_registry import CHAMPION, Registry
+from hybridtrain.workspace import Workspace
+
+if TYPE_CHECKING:
+    pass
+
+from hybridtrain.stages.results import EvaluateResult, PromoteResult, TrainOutput
+from hybridtrain.stages.site_access import control_site
+
+
+def releaser_for(ws: Workspace, spec: JobSpec, sites: SitesCatalog, trusted_key: Any) -> Any:
+    """The spec's release targets (each trusting ``trusted_key``) and the bundle archive at the control site."""
+    from hybridtrain.governance.release import BundleArchive, Releaser, open_targets
+    from hybridtrain.storage.object_store import open_store
+
+    control = control_site(ws, sites)
+    archive = BundleArchive(open_store(control.store, ws.root, "bundles", site=control.name))
+    return Releaser(open_targets(spec.promotion.release_targets, root=ws.root, sites=sites, trusted_key=trusted_key),
+                    archive)
+
+
+def publish_public_key(ws: Workspace, pem: bytes) -> None:
+    """Keep the workspace's copy of the release public key (what the CLI and targets trust) current."""
+    path = ws.release_public_key
+    if path.is_file() and path.read_bytes() == pem:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(pem)
+    tmp.replace(path)
+
+
+def run_record(ws: Workspace, spec: JobSpec, run_id: str, version: str | None, trained: TrainOutput,
+               capacity_class: str, transfers: list[TransferRecord], model_bytes: int) -> Any:
+    """What this lifecycle run consumed, for the cost ledger: every training attempt (the wasted ones
+    too), every crossing, and the bytes it left in storage."""
+    from hybridtrain.governance.ledger import AttemptRecord, RunRecord, StorageRecord
+
+    sites = ws.load_sites()
+    attempts = [*trained.attempts, AttemptRecord(site=trained.site, capacity_class=capacity_class,
+                                                 gpus=spec.resources.gpus, seconds=trained.seconds,
+                                                 outcome="succeeded")]
+    storage = [StorageRecord(kind="artifact", site=control_site(ws, sites).name, bytes=model_bytes)]
+    if trained.checkpoint_bytes:
+        storage.append(StorageRecord(kind="checkpoint", site=trained.site, bytes=trained.checkpoint_bytes))
+    return RunRecord(model=spec.registry.model_name, version=version, run_id=run_id, job=spec.name,
+                     finished_at=datetime.now(UTC), attempts=attempts, transfers=transfers, storage=storage)
+
+
+def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, capacity_class: str,
+            lineage: Lineage, result: EvaluateResult, transfers: list[TransferRecord], signing_key_pem: str,
+            actor: str, approved_by: str | None = None) -> PromoteResult:
+    """Register the version with its lineage and cost; build and sign its bundle; evaluate every
+    promotion gate; move ``champion`` and release to the spec's targets only if all pass.
+
+    A gate saying no is a normal outcome (the version stays registered, the alias where it was);
+    each gate's verdict is recorded on the version and in the audit log.
+    """
+    import mlflow
+
+    from hybridtrain.errors import GateFailed
+    from hybridtrain.governance import promotion
+    from hybridtrain.governance.audit_log import AuditLog
+    from hybridtrain.governance.bundle import BundleDataset, ModelBundle
+    from hybridtrain.governance.gates import GateInputs, evaluate_gates
+    from hybridtrain.governance.ledger import CostLedger
+    from hybridtrain.governance.signing_key import SigningKey
+
+    started = time.perf_counter()
+    sites = ws.load_sites()
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    name = spec.registry.model_name
+    metric_tags = {f"hybridtrain.metric.{k}": f"{v:.6f}" for k, v in result.metrics.items()}
+    lineage_tags = {**lineage.tags(), "hybridtrain.training.checkpoint.sha256": trained.checkpoint_sha256 or ""}
+    version = registry.register(trained.model_uri, name, run_id, {**lineage_tags, **metric_tags}).version
+
+    record = run_record(ws, spec, run_id, version, trained, capacity_class, transfers,
+                        registry.model_bytes_uri(trained.model_uri))
+    registry.log_text(run_id, record.model_dump_json(indent=2), "ledger/run_record.json")
+    registry.set_tags(run_id, {"hybridtrain.governance.ledger.model": name, "hybridtrain.model_version": version})
+    line = CostLedger(sites).for_model([record], model=name).line(version)
+    registry.set_version_tags(name, version, line.tags())
+
+    key = SigningKey.from_pem(signing_key_pem)
+    publish_public_key(ws, key.public.to_pem())
+    releaser = releaser_for(ws, spec, sites, key.public)
+    audit = AuditLog.in_workspace(ws.root)
+    champion = registry.by_alias(name, CHAMPION)
+    with tempfile.TemporaryDirectory(prefix="hybridtrain-bundle-") as tmp:
+        mlflow.set_tracking_uri(ws.tracking_uri)
+        weights = Path(mlflow.artifacts.download_artifacts(artifact_uri=trained.model_uri, dst_path=f"{tmp}/model"))
+        bundle = ModelBundle.build(
+            Path(tmp) / "bundle", model=name, version=version, weights=weights, spec=spec.to_dict(),
+            datasets=[BundleDataset.of(v) for v in (lineage.raw, lineage.curated, lineage.approved)],
+            evaluation={"metrics": result.metrics, "champion_version": result.champion_version,
+                        "champion_metrics": result.champion_metrics, "reason": result.reason},
+            lineage=lineage_tags, checkpoint_sha256=trained.checkpoint_sha256, signing_key=key,
+            checkpoint_uri=trained.last_checkpoint)
+        report = evaluate_gates(GateInputs.for_spec(
+            spec, version, version_tags=registry.version(name, version).tags,
+            datasets={v.tier: v.md5 for v in (lineage.raw, lineage.curated, lineage.approved)},
+            checkpoint_sha256=trained.checkpoint_sha256, bundle=bundle, trusted_key=key.public,
+            metrics=result.metrics,
+            champion_version=champion.version if champion else None, champion_metrics=result.champion_metrics,
+            cost_usd=line.total_usd, rollback_versions=releaser.available_versions(name), approved_by=approved_by,
+        ), spec.promotion.gates)
+        bundle_sha = bundle.manifest_sha256  # the bundle directory is temporary
+        try:
+            outcome = promotion.promote(registry, releaser, audit, bundle=bundle, report=report,
+                                        trusted_key=key.public, actor=actor)
+        except GateFailed:
+            outcome = None
+    if outcome is None:
+        reasons = [f"gate {r.name}: {r.reason}" for r in report.failures]
+        registry.set_version_tags(name, version, {"hybridtrain.governance.promotion": "not-promoted",
+                                                  "hybridtrain.governance.promotion.reasons": "; ".join(reasons)})
+    else:
+        reasons = [f"promoted: {result.reason}"]
+    champ = registry.by_alias(name, CHAMPION)
+    return PromoteResult(
+        model_name=name,
+        version=version,
+        promoted=outcome is not None,
+        champion_version=champ.version if champ else None,
+        previous_version=outcome.previous if outcome else None,
+        reasons=reasons,
+        gates={r.name: ("passed" if r.passed else "failed: " + r.reason) for r in report.results},
+        cost_usd=line.total_usd,
+        released_to=[t.target for t in outcome.release.targets] if outcome else [],
+        bundle_sha256=bundle_sha,
+        seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,187 @@
+"""Training stage: fit at the placed site (inline, or on an SSH host) from its newest checkpoint, and move checkpoints between sites."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from hybridtrain.datasets import partitioned
+from hybridtrain.datasets.dvc_repo import DatasetVersion
+from hybridtrain.datasets.transfer import TransferRecord, egress_cost
+from hybridtrain.errors import Preempted, Problem, SpecError
+from hybridtrain.specs.job import JobSpec
+from hybridtrain.tracking.model_registry import Registry
+from hybridtrain.workspace import Workspace
+
+if TYPE_CHECKING:
+    from hybridtrain.remote.ssh_site import SshCredentials
+
+from hybridtrain.stages.results import TrainOutput
+from hybridtrain.stages.site_access import audit, checkpoint_store, control_site, dataset_at
+
+
+def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run_id: str, run_key: str,
+          *, ssh: SshCredentials | None = None, on_line: Callable[[str], None] | None = None,
+          should_stop: Callable[[], bool] | None = None,
+          preemptions_per_hour: float | None = None) -> TrainOutput:
+    """Train at ``site`` on its copy of the approved data; checkpoints go to that site's store.
+
+    ``run_key`` names the checkpoint series: a retry or a resubmission of the same run resumes
+    from its newest valid checkpoint; a new run starts fresh.
+
+    With ``ssh`` (the site block's private key and known_hosts) training runs on the site's
+    first SSH host under torchrun (``remote_training.ssh_train``, job id ``<job>-<run_key>``,
+    so a retry re-attaches to a job still running there), its log lines going to ``on_line``;
+    without it, in this process.
+
+    Preemption raises ``Preempted`` (step, checkpoint key, site): over SSH when the job stopped
+    for a notice (SIGTERM to it) after writing its checkpoint; in this process when
+    ``should_stop()`` (e.g. a ``PreemptionNotice`` entered by the main thread) said so after a
+    step. Resume by calling ``train`` again with the same ``run_key`` — here, or at another site
+    after ``move_checkpoint``. ``preemptions_per_hour`` (the site's observed rate) sets the
+    interval of ``checkpoint.auto_interval``.
+    """
+    from hybridtrain.training.checkpoint import CheckpointStore
+    from hybridtrain.training.trainer import Trainer
+
+    started = time.perf_counter()
+    sites = ws.load_sites()
+    s = sites.get(site)
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+
+    def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
+        registry.log_metrics(run_id, {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=epoch)
+
+    if ssh is None and s.hosts and ws.secrets is not None:
+        secret = ws.secrets.get(site)
+        if secret is not None and secret.has_ssh:
+            from hybridtrain.remote.ssh_site import SshCredentials
+
+            ssh = SshCredentials(private_key=secret.ssh_private_key, known_hosts=secret.ssh_known_hosts or "")
+    if s.hosts and ssh is None:
+        raise SpecError("site credentials", [Problem(
+            f"{site}.ssh_private_key", f"site {site} trains on SSH hosts but its block holds no SSH key: "
+            f"run `hybridtrain credentials {site} --ssh-key FILE --known-hosts FILE`")])
+    if ssh is not None:
+        from hybridtrain.remote.remote_training import ssh_train
+
+        if not s.hosts:
+            raise SpecError("sites catalog", [Problem(f"sites.{site}.hosts", "SSH credentials were given but the "
+                                                                              "site lists no hosts to train on")])
+        job_id = re.sub(r"[^A-Za-z0-9._-]", "-", f"{spec.name}-{run_key}")[:128]
+        from hybridtrain.remote.ssh_site import Timeouts
+
+        host = s.hosts[0]
+        files = ssh_train(ws, spec, approved, s, host, ssh.private_key, ssh.known_hosts, run_key, job_id,
+                          on_line, mlflow_run_id=run_id, preemptions_per_hour=preemptions_per_hour,
+                          timeouts=Timeouts(connect=host.connect_timeout_s, command=host.command_timeout_s,
+                                            reconnect=host.reconnect_s))
+        result, device = files.train_result(), files.result.device
+        for h in result.history:
+            on_epoch(int(h["epoch"]), {k: v for k, v in h.items() if k not in ("epoch", "global_step")})
+    else:
+        data_dir = dataset_at(ws, sites, approved, site, spec.dataset.site)
+        train_df = partitioned.read(data_dir, ["train"])
+        val_df = partitioned.read(data_dir, ["val"])
+        store = CheckpointStore.for_run(checkpoint_store(ws, s), spec.name, run_key,
+                                        keep_last=spec.checkpoint.keep_last)
+        trainer = Trainer(spec.model, spec.checkpoint, store, spec.data_schema.label,
+                          threads=spec.model.threads or spec.resources.cpus, job=spec.name,
+                          preemptions_per_hour=preemptions_per_hour)
+        try:
+            result = trainer.fit(train_df, val_df, on_epoch=on_epoch, should_stop=should_stop)
+        except Preempted as exc:
+            exc.site = site
+            raise
+        device = str(trainer.device)
+    upload_started = time.perf_counter()
+    ref = registry.log_model(run_id, result.model, result.featurizer.to_dict(), result.featurizer.n_features)
+    transfers = []
+    control = control_site(ws, sites)
+    if control.name != site:
+        # The model travels from the training site to the registry at the control site.
+        nbytes = registry.model_bytes(ref)
+        transfers.append(TransferRecord(
+            source=site, destination=control.name, what=f"model {ref.model_uri}", bytes=nbytes, files=1,
+            seconds=time.perf_counter() - upload_started, egress_per_gb=s.egress_per_gb,
+            cost_usd=egress_cost(nbytes, s)))
+    seconds = time.perf_counter() - started
+    registry.log_metrics(run_id, {"train_seconds": seconds})  # feeds the engine's duration estimates
+    return TrainOutput(
+        site=site,
+        model_uri=ref.model_uri,
+        model_id=ref.model_id,
+        run_key=run_key,
+        history=result.history,
+        global_step=result.global_step,
+        epochs_completed=result.epochs_completed,
+        resumed_from_step=result.resumed_from_step,
+        checkpoints_written=result.checkpoints_written,
+        last_checkpoint=result.last_checkpoint.key if result.last_checkpoint else None,
+        checkpoint_sha256=result.last_checkpoint.sha256 if result.last_checkpoint else None,
+        checkpoint_bytes=result.last_checkpoint.size if result.last_checkpoint else 0,
+        device=device,
+        seconds=seconds,
+        samples_per_second=result.samples_per_second,
+        gpu_seconds=seconds * max(1, spec.resources.gpus) if device.startswith("cuda") else 0.0,
+        transfers=transfers,
+    )
+
+
+def move_checkpoint(ws: Workspace, spec: JobSpec, run_key: str, source: str,
+                    destination: str) -> TransferRecord | None:
+    """Copy the newest valid checkpoint of ``run_key`` from ``source``'s store to ``destination``'s.
+
+    For a run that resumes at another site (preempted, or its site failed): only that one
+    checkpoint moves (``CheckpointStore.copy_latest``), and the crossing is returned as a
+    ``TransferRecord`` (egress charged by ``source``). None when ``source`` holds no valid
+    checkpoint of the run (it starts afresh) or the sites are the same; a record with 0 bytes
+    when ``destination`` already had it. ``SiteUnavailable`` when either store cannot be reached.
+    """
+    from hybridtrain.training.checkpoint import CheckpointStore
+
+    if source == destination:
+        return None
+    sites = ws.load_sites()
+    src, dst = sites.get(source), sites.get(destination)
+    keep = spec.checkpoint.keep_last
+    copy = CheckpointStore.for_run(checkpoint_store(ws, src), spec.name, run_key, keep_last=keep).copy_latest(
+        CheckpointStore.for_run(checkpoint_store(ws, dst), spec.name, run_key, keep_last=keep))
+    if copy is None:
+        return None
+    return TransferRecord(
+        source=source, destination=destination, what=f"checkpoint {copy.source.uri} (step {copy.source.step})",
+        bytes=copy.bytes, files=copy.files, seconds=copy.seconds, egress_per_gb=src.egress_per_gb,
+        cost_usd=egress_cost(copy.bytes, src))
+
+
+def observed_preemption_rate(ws: Workspace, site: str, min_hours: float = 1.0) -> float | None:
+    """Preemptions per hour of training at ``site``, from the training attempts in the audit log
+    (``checkpoint.auto_interval`` derives the checkpoint interval from it); None until ``min_hours``
+    of training there have been observed."""
+    seconds, preempted = 0.0, 0
+    for record in audit(ws).records():
+        inputs = record.inputs or {}
+        if record.action == "training_attempt" and inputs.get("site") == site:
+            seconds += float(inputs.get("seconds") or 0.0)
+            preempted += record.outcome.startswith("preempted")
+    hours = seconds / 3600
+    return preempted / hours if hours >= min_hours else None
+
+
+def checkpoint_sites(ws: Workspace, spec: JobSpec, run_key: str) -> dict[str, int]:
+    """Site → step of the newest complete checkpoint of ``run_key`` in its store (sites holding one,
+    and reachable now). A resubmitted run uses it to find where its training got to."""
+    from hybridtrain.training.checkpoint import CheckpointStore
+
+    out = {}
+    for site in ws.load_sites().sites:
+        try:
+            found = CheckpointStore.for_run(checkpoint_store(ws, site), spec.name, run_key).list()
+        except Exception:  # noqa: BLE001 - an unreachable store holds nothing we can use now
+            continue
+        if found:
+            out[site.name] = found[-1].step
+    return out
