@@ -64,7 +64,7 @@ def frames(rows: int, label: str):
 
 
 def fit_once(spec, checkpoint, train, val, store_dir: Path, threads: int):
-    from hybridtrain.storage.object_store import LocalObjectStore
+    from hybridtrain.storage.local import LocalObjectStore
     from hybridtrain.training.checkpoint import CheckpointStore
     from hybridtrain.training.trainer import Trainer
 

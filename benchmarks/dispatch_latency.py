@@ -6,7 +6,7 @@ A real Prefect server and two process work pools on it, each with a real process
 daemon (``workers.warm_pool``) beside its worker. The same probe flow is deployed to both; its first
 statement records the wall clock after importing the training stage's modules (the import cost a
 real train-stage run pays). The lifecycle side calls ``run_deployment`` exactly as
-``flows.dispatch.run_stage`` does. Baseline in the same run: the probe called in-process.
+``orchestration.dispatch.run_stage`` does. Baseline in the same run: the probe called in-process.
 
 Each round runs the probe in-process, then through each pool, waiting before each dispatched run
 until the previous run's processes have exited and the daemon has all its spares ready (an idle

@@ -143,8 +143,8 @@ class ServerCpu:
 
 @contextmanager
 def prefect_own_code() -> Iterator[None]:
-    """Run flows with Prefect 3.8.8's own code instead of the fixes in ``flows.prefect_compat``."""
-    from flows import prefect_compat
+    """Run flows with Prefect 3.8.8's own code instead of the fixes in ``orchestration.prefect_compat``."""
+    from orchestration import prefect_compat
 
     prefect_compat.uninstall()
     try:
@@ -180,7 +180,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=200)
     ap.add_argument("--unfixed-repeat", type=int, default=3,
                     help="extra pairs with Prefect's own code, to show what the fixes in "
-                         "flows.prefect_compat save (0: skip)")
+                         "orchestration.prefect_compat save (0: skip)")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="ht-bench-") as tmp:
@@ -307,7 +307,7 @@ def main() -> None:
           f"{med(res['cpu_plain']):.2f} s, prefect {med(res['cpu_prefect']):.2f} s (of which after the flow returned "
           f"{med(res['cpu_after_prefect']):.2f} s)")
     if args.unfixed_repeat:
-        print(f"with Prefect 3.8.8's own code (no flows.prefect_compat fixes): median ratio "
+        print(f"with Prefect 3.8.8's own code (no orchestration.prefect_compat fixes): median ratio "
               f"{med(p / q for p, q in zip(old['prefect'], old['plain'])):.3f} x, prefect outside the stages "
               f"{med(old['outside_prefect']):.2f} s, server CPU per lifecycle {med(old['cpu_prefect']):.2f} s")
     print(f"per_task_overhead: {per_task_ms:.1f} ms/task over {args.tasks} tasks incl. one flow run "

@@ -10,10 +10,10 @@ from __future__ import annotations
 from prefect import flow
 from pydantic import BaseModel
 
-from flows.context import run_workspace
 from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.specs.job import JobSpec
+from orchestration.context import run_workspace
 from tasks.data import anonymize, preprocess, sync
 
 

@@ -7,8 +7,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from flows.context import run_workspace
 from hybridtrain.drill.drill import DEFAULT_STEPS, RecoveryFailed, check_scenarios, run_drill
+from orchestration.context import run_workspace
 
 
 @flow(name="failover-drill")

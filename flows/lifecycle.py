@@ -1,7 +1,7 @@
 """Lifecycle flow: preprocess → anonymize → sync → train → evaluate → promote, for one job spec.
 
 Data stages run in the work pool of the site holding the data, training in the pool of the
-placed site (see ``flows.dispatch``); promotion runs here, at the control plane.
+placed site (see ``orchestration.dispatch``); promotion runs here, at the control plane.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.input import RunInput
 from pydantic import Field
 
-from flows.context import run_workspace
 from flows.data import Prepared, prepare_data, sync_data
-from flows.dispatch import Mode, run_stage
 from flows.supervise import train_with_recovery
 from hybridtrain import stages
 from hybridtrain.specs.job import JobSpec, load_spec, parse_spec
+from hybridtrain.stages.summary import RunSummary
 from hybridtrain.tracking.model_registry import Registry
-from hybridtrain.tracking.summary import RunSummary
 from hybridtrain.workspace import Workspace
+from orchestration.context import run_workspace
+from orchestration.dispatch import Mode, run_stage
 from tasks.burst import Relocation
 from tasks.placement import place
 from tasks.tracking import close_run, open_run, promote, record_data

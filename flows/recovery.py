@@ -38,8 +38,8 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 from prefect.states import Crashed
 
-from flows.context import run_workspace
 from hybridtrain import stages
+from orchestration.context import run_workspace
 
 RECOVERED = "hybridtrain:recovered"
 ACTIVE = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED]

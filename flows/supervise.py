@@ -16,7 +16,6 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel
 
 from flows.data import sync_data
-from flows.dispatch import Mode, run_stage
 from flows.training import AttemptEnd, Trained, train_stage
 from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
@@ -27,6 +26,7 @@ from hybridtrain.specs.job import JobSpec
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.training.recovery import Attempt, Outcome, Placed, Supervisor
 from hybridtrain.workspace import Workspace
+from orchestration.dispatch import Mode, run_stage
 from tasks.health import check_sites
 from tasks.placement import place
 from tasks.training import move_checkpoint

@@ -16,7 +16,7 @@ def check_sites(ws: Workspace, with_workers: bool) -> dict[str, str]:
     (when stages are dispatched to pools; inline runs need none)."""
     workers = None
     if with_workers:
-        from flows.dispatch import workers_online
+        from orchestration.dispatch import workers_online
 
         workers = workers_online
     healths = stages.site_health(ws, workers)

@@ -203,7 +203,7 @@ def build_releaser(ws: Workspace, target_specs, public_key: Path | None):
     store (``HYBRIDTRAIN_CONTROL_SITE`` or the first on-prem site)."""
     from hybridtrain.governance.release import BundleArchive, Releaser, open_targets
     from hybridtrain.specs.sites import SitesCatalog
-    from hybridtrain.storage.object_store import open_store
+    from hybridtrain.storage import open_store
 
     key = _read_key(public_key or ws.state_dir / "keys" / "release.pub.pem")
     sites = SitesCatalog.load(ws.sites_file)

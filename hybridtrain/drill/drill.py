@@ -509,7 +509,7 @@ class DrillEnv:
         return Trainer(self.spec.model, self.spec.checkpoint, store, LABEL, device="cpu", threads=1, job=JOB)
 
     def _train_reference(self) -> Reference:
-        from hybridtrain.storage.object_store import LocalObjectStore
+        from hybridtrain.storage.local import LocalObjectStore
         from hybridtrain.training.checkpoint import CheckpointStore
 
         counter = StepCounter()

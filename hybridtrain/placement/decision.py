@@ -12,15 +12,23 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from hybridtrain.placement.candidate import CandidateView, Conditions
 from hybridtrain.placement.cost_model import Estimate, clock, hhmm
+from hybridtrain.placement.policy import Verdict
 from hybridtrain.placement.queue_state import QueueTier
+from hybridtrain.placement.request import ResourceRequest
 from hybridtrain.specs.sites import CapacityClass
 
-if TYPE_CHECKING:
-    from hybridtrain.placement.engine import CandidateView, Placement
-    from hybridtrain.placement.request import ResourceRequest
+
+class Explainer(Protocol):
+    """What a decision asks its engine when it is read: full estimates and every verdict, computed lazily."""
+
+    def estimate(self, request: ResourceRequest, site: str, capacity_class: CapacityClass, *, now: float,
+                 conditions: Conditions | None = None) -> Estimate: ...
+
+    def verdicts(self, view: CandidateView, team_spend: Mapping[str, float] | None = None) -> list[Verdict]: ...
 
 #: MLflow caps tag values at 5,000 characters (mlflow/utils/validation.py MAX_TAG_VAL_LENGTH).
 MAX_TAG_CHARS = 5000
@@ -60,7 +68,7 @@ class PlacementDecision:
 
     def __init__(
         self,
-        engine: Placement,
+        engine: Explainer,
         view: CandidateView,
         pos: int,
         strategy: str,

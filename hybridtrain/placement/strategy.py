@@ -19,7 +19,7 @@ from hybridtrain.errors import Problem, SpecError
 from hybridtrain.placement.cost_model import clock, hhmm
 
 if TYPE_CHECKING:
-    from hybridtrain.placement.engine import CandidateView
+    from hybridtrain.placement.candidate import CandidateView
 
 
 @dataclass(frozen=True, slots=True)

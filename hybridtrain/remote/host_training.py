@@ -49,7 +49,7 @@ from hybridtrain.datasets.dvc_repo import DvcRepo
 from hybridtrain.errors import EXIT_PREEMPTED, HybridtrainError, Preempted
 from hybridtrain.remote.job_bundle import JobBundle
 from hybridtrain.specs.sites import CHECKPOINT_SUBDIR, DVC_SUBDIR
-from hybridtrain.storage.object_store import open_store
+from hybridtrain.storage import open_store
 from hybridtrain.training.checkpoint import CheckpointInfo, CheckpointStore
 from hybridtrain.training.distributed import Distributed
 from hybridtrain.training.preemption import PreemptionNotice

@@ -38,7 +38,9 @@ from pydantic import SecretStr
 
 from hybridtrain.errors import HybridtrainError
 from hybridtrain.specs.sites import S3Store, Site, SshHost
-from hybridtrain.storage.object_store import LocalObjectStore, ObjectStore, open_store
+from hybridtrain.storage import open_store
+from hybridtrain.storage.local import LocalObjectStore
+from hybridtrain.storage.object_store import ObjectStore
 
 #: Seconds each probe may take by default.
 PROBE_TIMEOUT_S = 5.0

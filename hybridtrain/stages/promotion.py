@@ -25,7 +25,7 @@ from hybridtrain.stages.site_access import control_site
 def releaser_for(ws: Workspace, spec: JobSpec, sites: SitesCatalog, trusted_key: Any) -> Any:
     """The spec's release targets (each trusting ``trusted_key``) and the bundle archive at the control site."""
     from hybridtrain.governance.release import BundleArchive, Releaser, open_targets
-    from hybridtrain.storage.object_store import open_store
+    from hybridtrain.storage import open_store
 
     control = control_site(ws, sites)
     archive = BundleArchive(open_store(control.store, ws.root, "bundles", site=control.name))

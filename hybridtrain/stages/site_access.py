@@ -64,7 +64,7 @@ def site_repo(ws: Workspace, site: Site) -> DvcRepo:
 
 def checkpoint_store(ws: Workspace, site: Site) -> ObjectStore:
     """The site's object store (checkpoints, artifacts) as an ObjectStore: a directory or an S3 bucket."""
-    from hybridtrain.storage.object_store import open_store
+    from hybridtrain.storage import open_store
 
     return open_store(site.store, ws.root, CHECKPOINT_SUBDIR, site=site.name)
 

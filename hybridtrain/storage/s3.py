@@ -53,7 +53,7 @@ from s3transfer.subscribers import BaseSubscriber
 
 from hybridtrain.errors import ChecksumMismatch, Problem, SiteUnavailable, SpecError, TransientError
 from hybridtrain.specs.sites import S3Store
-from hybridtrain.storage.object_store import TMP_PREFIX, ObjectInfo, _check_key
+from hybridtrain.storage.object_store import TMP_PREFIX, ObjectInfo, check_key
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class S3ObjectStore:
         return self._client
 
     def _full(self, key: str) -> str:
-        _check_key(key)
+        check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
     # -- interface -----------------------------------------------------------------------------

@@ -196,7 +196,7 @@ def test_the_champion_is_released_signed_to_every_target(runs):
 def test_ledger_is_attached_to_each_version_and_printed(runs):
     from typer.testing import CliRunner
 
-    from hybridtrain.cli.main import app
+    from orchestration.cli import app
 
     tags = registry(runs["root"]).version("churn-classifier", "2").tags
     assert float(tags["hybridtrain.cost.total_usd"]) == pytest.approx(runs["b"].cost_usd, abs=1e-6)  # tag: 6 decimals
@@ -210,7 +210,7 @@ def test_rollback_moves_the_champion_back_everywhere(runs):
 
     from typer.testing import CliRunner
 
-    from hybridtrain.cli.main import app
+    from orchestration.cli import app
 
     root = runs["root"]
     out = CliRunner().invoke(app, ["rollback", "churn-classifier", "--spec", str(root / "jobs" / "strong.yaml"),

@@ -40,7 +40,7 @@ class FakeEngine:
 
 
 def heartbeat_threads() -> list[threading.Thread]:
-    from flows.prefect_compat import THREAD_NAME
+    from orchestration.prefect_compat import THREAD_NAME
 
     return [t for t in threading.enumerate() if t.name == THREAD_NAME and t.is_alive()]
 
@@ -50,7 +50,7 @@ def test_fix_is_active_on_the_pinned_prefect():
     from prefect import flow_engine
     from prefect.client.orchestration import PrefectClient, SyncPrefectClient
 
-    from flows import prefect_compat
+    from orchestration import prefect_compat
 
     assert prefect_compat.install() is True
     assert flow_engine._send_heartbeats is prefect_compat.send_heartbeats
@@ -72,7 +72,7 @@ def test_clients_share_one_tls_context_built_as_prefect_builds_it(monkeypatch, t
     from prefect.client.orchestration import PrefectClient, SyncPrefectClient
     from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY, temporary_settings
 
-    from flows import prefect_compat
+    from orchestration import prefect_compat
 
     built: list[str | None] = []
     create = ssl.create_default_context
@@ -110,7 +110,7 @@ def test_clients_share_one_tls_context_built_as_prefect_builds_it(monkeypatch, t
 def test_a_client_with_the_shared_context_talks_to_the_server(prefect_server):
     from prefect.client.orchestration import get_client
 
-    from flows import prefect_compat
+    from orchestration import prefect_compat
 
     assert prefect_compat.install()
     with get_client(sync_client=True) as one, get_client(sync_client=True) as two:
@@ -122,7 +122,7 @@ def test_a_client_with_the_shared_context_talks_to_the_server(prefect_server):
 def test_heartbeats_repeat_each_interval_and_stop_with_the_run(monkeypatch):
     from prefect import flow_engine
 
-    from flows.prefect_compat import send_heartbeats
+    from orchestration.prefect_compat import send_heartbeats
 
     monkeypatch.setattr(flow_engine, "MINIMUM_HEARTBEAT_INTERVAL", 0)  # Prefect's floor is 30 s
     engine = FakeEngine(seconds=1)
@@ -134,7 +134,7 @@ def test_heartbeats_repeat_each_interval_and_stop_with_the_run(monkeypatch):
 
 
 def test_a_long_interval_does_not_hold_the_end_of_the_run():
-    from flows.prefect_compat import send_heartbeats
+    from orchestration.prefect_compat import send_heartbeats
 
     engine = FakeEngine(seconds=3600)
     with send_heartbeats(engine):
@@ -145,7 +145,7 @@ def test_a_long_interval_does_not_hold_the_end_of_the_run():
 
 
 def test_no_heartbeat_once_the_run_is_final_or_when_turned_off():
-    from flows.prefect_compat import send_heartbeats
+    from orchestration.prefect_compat import send_heartbeats
 
     final = FakeEngine(seconds=30, final=True)
     with send_heartbeats(final):

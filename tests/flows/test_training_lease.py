@@ -22,14 +22,14 @@ def take_lease_without_a_run(job: str):
     """A holder that will never release: acquired outside any flow run, as by a process since killed."""
     from prefect.concurrency._sync import acquire_concurrency_slots_with_lease
 
-    from flows.training import LEASE_S, ensure_lease
+    from orchestration.training_lease import LEASE_S, ensure_lease
 
     return acquire_concurrency_slots_with_lease([ensure_lease(job)], 1, lease_duration=LEASE_S, strict=True)
 
 
 def record_old_holder(job: str, flow_run: str, lease_id) -> None:
     """The holder record as ``flow_run`` wrote it an hour ago."""
-    from flows.training import record_holder
+    from orchestration.training_lease import record_holder
 
     since = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
     record_holder(job, {"flow_run": flow_run, "root_flow_run": "", "lease_id": str(lease_id), "since": since})
@@ -45,14 +45,14 @@ def active_slots(job: str) -> int:
 def holder_record(job: str) -> dict:
     from prefect.variables import Variable
 
-    from flows.training import holder_name
+    from orchestration.training_lease import holder_name
 
     return Variable.get(holder_name(job))
 
 
 @pytest.fixture
 def quick_lease(monkeypatch):
-    import flows.training as training
+    import orchestration.training_lease as training
 
     monkeypatch.setattr(training, "REAP_AFTER_S", 1.0)
     monkeypatch.setattr(training, "LEASE_WAIT_S", 3.0)

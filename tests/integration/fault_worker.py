@@ -25,7 +25,7 @@ import torch
 
 from hybridtrain.errors import EXIT_PREEMPTED, Preempted
 from hybridtrain.specs.job import CheckpointSpec
-from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.preemption import PreemptionNotice
 from hybridtrain.training.trainer import Trainer

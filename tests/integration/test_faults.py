@@ -50,7 +50,7 @@ from hybridtrain.remote.site_health import check_site, unavailable
 from hybridtrain.remote.ssh_site import SshSite, Timeouts
 from hybridtrain.specs.job import Sensitivity, parse_spec
 from hybridtrain.specs.sites import LocalStore, Site
-from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.storage.s3 import MiB, S3ObjectStore, S3Options
 from hybridtrain.training.checkpoint import CheckpointInfo, CheckpointStore
 from hybridtrain.training.preemption import PreemptionReport

@@ -46,7 +46,7 @@ def start_worker(pool: str, root: Path, api: str, log: Path) -> subprocess.Popen
 
 
 def wait_for_workers(pools: list[str], procs: list[subprocess.Popen], logs: list[Path]) -> None:
-    from flows.dispatch import workers_online
+    from orchestration.dispatch import workers_online
 
     deadline = time.monotonic() + WORKER_START_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -62,7 +62,7 @@ def test_sigterm_mid_training_is_a_preemption_and_the_run_resumes_to_the_end(wor
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "HYBRIDTRAIN_HOME": str(root), "CI": "true"}
     out = root / "run.log"
     with open(out, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "hybridtrain.cli.main", "run", str(spec), "--run-key", "rk-pre",
+        proc = subprocess.Popen([sys.executable, "-m", "orchestration.cli", "run", str(spec), "--run-key", "rk-pre",
                                  "--dispatch", "inline"], cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
     try:

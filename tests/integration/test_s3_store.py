@@ -15,7 +15,9 @@ import pytest
 from hybridtrain import stages
 from hybridtrain.errors import ChecksumMismatch, SiteUnavailable, SpecError
 from hybridtrain.specs.sites import LocalStore, Site
-from hybridtrain.storage.object_store import LocalObjectStore, ObjectStore, open_store
+from hybridtrain.storage import open_store
+from hybridtrain.storage.local import LocalObjectStore
+from hybridtrain.storage.object_store import ObjectStore
 from hybridtrain.storage.s3 import MiB, S3ObjectStore, S3Options
 from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.workspace import Workspace

@@ -23,7 +23,7 @@ from hybridtrain.remote.remote_training import ssh_train
 from hybridtrain.remote.ssh_site import SshSite, Timeouts
 from hybridtrain.specs.job import parse_spec
 from hybridtrain.specs.sites import LocalStore, Site
-from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.trainer import Trainer
 from hybridtrain.workspace import Workspace

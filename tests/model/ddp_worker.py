@@ -20,7 +20,7 @@ import torch
 
 from hybridtrain.errors import Preempted
 from hybridtrain.specs.job import CheckpointSpec
-from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.distributed import Distributed
 from hybridtrain.training.trainer import Trainer

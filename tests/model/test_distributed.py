@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hybridtrain.specs.job import CheckpointSpec
-from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.distributed import Distributed
 from hybridtrain.training.trainer import Trainer

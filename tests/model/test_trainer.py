@@ -8,7 +8,7 @@ import torch
 
 from hybridtrain.errors import DataError, Preempted, SpecError
 from hybridtrain.specs.job import CheckpointSpec, FeatureSpec, ModelSpec
-from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.trainer import Trainer, epoch_permutation
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from hybridtrain.storage.object_store import TMP_PREFIX, LocalObjectStore
+from hybridtrain.storage.local import LocalObjectStore
+from hybridtrain.storage.object_store import TMP_PREFIX
 from hybridtrain.training.checkpoint import CheckpointStore
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.training.checkpoint import CheckpointStore
 from tests.unit.test_checkpoint import flip_byte, state
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from hybridtrain.cli.main import app
+from orchestration.cli import app
 from tests.conftest import ROOT
 
 runner = CliRunner()

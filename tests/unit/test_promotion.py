@@ -16,7 +16,7 @@ from hybridtrain.governance.promotion import promote, retire, rollback
 from hybridtrain.governance.release import BundleArchive, DirectoryTarget, ObjectStoreTarget, Releaser
 from hybridtrain.governance.signing_key import SigningKey
 from hybridtrain.specs.job import EvaluationSpec, PromotionSpec
-from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.tracking.model_registry import CHAMPION, PREVIOUS, Registry
 from tests.unit.bundles import CHECKPOINT_SHA, DATASETS, make_bundle
 from tests.unit.test_gates import CASES

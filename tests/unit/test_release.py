@@ -21,7 +21,8 @@ from hybridtrain.governance.release import (
 from hybridtrain.governance.signing_key import SigningKey
 from hybridtrain.specs.job import ReleaseTargetSpec
 from hybridtrain.specs.sites import SitesCatalog
-from hybridtrain.storage.object_store import LocalObjectStore, ObjectInfo
+from hybridtrain.storage.local import LocalObjectStore
+from hybridtrain.storage.object_store import ObjectInfo
 from tests.unit.bundles import make_bundle
 
 ROOT = Path(__file__).resolve().parents[2]

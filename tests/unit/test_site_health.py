@@ -10,7 +10,7 @@ import pytest
 from hybridtrain.errors import SiteUnavailable
 from hybridtrain.remote.site_health import assess, check_site, probe, probe_store, probe_workers, unavailable
 from hybridtrain.specs.sites import LocalStore, Site
-from hybridtrain.storage.object_store import LocalObjectStore
+from hybridtrain.storage.local import LocalObjectStore
 
 
 def local_site(path, name="onprem-dc1") -> Site:

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from hybridtrain.specs.sites import LocalStore, Site
-from hybridtrain.storage.object_store import LocalObjectStore, open_store
+from hybridtrain.storage import open_store
+from hybridtrain.storage.local import LocalObjectStore
 
 
 def site(store: dict) -> Site:

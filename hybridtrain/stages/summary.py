@@ -6,10 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from hybridtrain.stages import (
+from hybridtrain.stages.placing import PlacementOutcome
+from hybridtrain.stages.results import (
     AnonymizeResult,
     EvaluateResult,
-    PlacementOutcome,
     PreprocessResult,
     PromoteResult,
     SyncResult,

@@ -1,0 +1,169 @@
+"""CLI: the ``hybridtrain`` command — the core commands plus the ones that need Prefect.
+
+The core's commands (validate, plan, simulate, status, data, audit, ledger, rollback, …) live in
+``hybridtrain.cli`` and import no Prefect. This module adds the commands that talk to a Prefect
+server or run flows — ``init``, ``run``, ``demo``, ``credentials``, ``deploy`` — and is the
+installed entry point.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hybridtrain.cli.main import (
+    HomeOpt,
+    app,
+    console,
+    ensure_sample_data,
+    err,
+    fail,
+    init_workspace,
+    main,
+    open_workspace,
+    print_summary,
+)
+from hybridtrain.errors import HybridtrainError, Problem, SpecError
+from hybridtrain.workspace import Workspace
+
+__all__ = ["app", "main"]
+
+
+def _init_prefect(ws: Workspace) -> bool:
+    from blocks.register import ensure_pseudonym_key, ensure_release_key, register_sites
+    register_sites(ws.load_sites())
+    ensure_release_key(ws.release_key_block, ws.release_public_key)
+    return ensure_pseudonym_key(ws.pseudonym_key_block)
+
+
+@app.command()
+def init(home: HomeOpt = None) -> None:
+    """Set up a workspace: DVC repo and remotes from the sites catalog, site blocks, pseudonym key."""
+    ws = open_workspace(home)
+    try:
+        init_workspace(ws)
+        created = _init_prefect(ws)
+    except HybridtrainError as exc:
+        fail(exc)
+    console.print(f"workspace ready at {ws.root}; pseudonym key {'created' if created else 'already present'}")
+
+
+def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch: str) -> Any:
+    from flows.lifecycle import lifecycle
+
+    return lifecycle(spec_path=str(spec_path), workspace=str(ws.root), run_key=run_key, dispatch=dispatch)
+
+
+@app.command()
+def run(
+    spec: Annotated[Path, typer.Argument(help="Job spec file.")],
+    run_key: Annotated[str | None, typer.Option(help="Resume the checkpoints of this run key.")] = None,
+    dispatch: Annotated[str, typer.Option(
+        help="auto: send stages to the sites' work pools when their deployments exist (after `make deploy`), "
+             "else run them here; inline: all here; pools: always through the pools.")] = "auto",
+    home: HomeOpt = None,
+) -> None:
+    """Run the whole lifecycle of SPEC as a Prefect flow and print what happened."""
+    if dispatch not in ("auto", "inline", "pools"):
+        err.print(f"--dispatch must be auto, inline or pools, not {dispatch!r}")
+        raise typer.Exit(2)
+    ws = open_workspace(home)
+    try:
+        from hybridtrain.specs.job import load_spec
+        load_spec(spec if spec.is_absolute() else ws.root / spec, ws.load_sites())
+        summary = _run_lifecycle(ws, spec, run_key, dispatch)
+    except HybridtrainError as exc:
+        fail(exc)
+    print_summary(summary, ws)
+
+
+@app.command()
+def demo(
+    rows: Annotated[int, typer.Option(help="Sample rows.")] = 200_000,
+    spec: Annotated[Path, typer.Option(help="Job spec to run.")] = Path("jobs/churn.yaml"),
+    home: HomeOpt = None,
+) -> None:
+    """Everything on embedded defaults: workspace, sample data, the whole lifecycle, a summary."""
+    ws = open_workspace(home)
+    try:
+        init_workspace(ws)
+        md5, generated = ensure_sample_data(ws, rows, 20261121, None)
+        from hybridtrain.specs.job import load_spec
+        job = load_spec(ws.root / spec if not spec.is_absolute() else spec, ws.load_sites())
+        if job.dataset.md5 != md5:
+            raise SpecError(str(spec), [Problem("dataset.md5", f"pins {job.dataset.md5} but the generated sample "
+                                                               f"data is {md5}; run `hybridtrain data generate "
+                                                               f"--pin {spec}` to pin it")])
+        console.print(f"sample data {'generated' if generated else 'present'}: data/raw/churn.csv md5 {md5}")
+        created = _init_prefect(ws)
+        console.print(f"Prefect blocks registered; pseudonym key {'created' if created else 'present'}")
+        # The embedded default runs every stage in this process, whatever deployments exist.
+        summary = _run_lifecycle(ws, spec, None, "inline")
+    except HybridtrainError as exc:
+        fail(exc)
+    print_summary(summary, ws)
+
+
+def _read_secret_file(path: Path | None, what: str) -> str | None:
+    if path is None:
+        return None
+    if not path.is_file():
+        err.print(f"{what}: no file at {path}")
+        raise typer.Exit(2)
+    return path.read_text()
+
+
+@app.command()
+def credentials(
+    site: Annotated[str, typer.Argument(help="Site name from the sites catalog.")],
+    ssh_key: Annotated[Path | None, typer.Option(help="Private key file for the site's SSH hosts.")] = None,
+    known_hosts: Annotated[Path | None, typer.Option(help="known_hosts file pinning the hosts' keys.")] = None,
+    aws_access_key_id: Annotated[str | None, typer.Option(help="S3 access key id of the site's store.")] = None,
+    aws_secret_access_key_file: Annotated[Path | None, typer.Option(
+        help="File holding the S3 secret key (a file, so the secret never lands in shell history).")] = None,
+    home: HomeOpt = None,
+) -> None:
+    """Store a site's credentials in its Prefect block (encrypted server-side; never in YAML or git)."""
+    ws = open_workspace(home)
+    from blocks.register import register_sites, set_credentials
+    try:
+        catalog = ws.load_sites()
+        catalog.get(site)
+        register_sites(catalog)
+        changed = set_credentials(
+            site,
+            ssh_private_key=_read_secret_file(ssh_key, "--ssh-key"),
+            ssh_known_hosts=_read_secret_file(known_hosts, "--known-hosts"),
+            aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=(_read_secret_file(aws_secret_access_key_file, "--aws-secret-access-key-file")
+                                   or "").strip() or None,
+        )
+    except HybridtrainError as exc:
+        fail(exc)
+    console.print(f"site {site}: stored {', '.join(changed) or 'nothing (give at least one option)'}")
+
+
+@app.command()
+def deploy(home: HomeOpt = None) -> None:
+    """Create work pools, blocks and deployments on the Prefect server at PREFECT_API_URL (idempotent)."""
+    ws = Workspace.resolve(home)
+    if not os.environ.get("PREFECT_API_URL"):
+        err.print("set PREFECT_API_URL to your Prefect server (e.g. http://127.0.0.1:4200/api; `make ui` starts one)")
+        raise typer.Exit(2)
+    from deployments.bootstrap import bootstrap
+
+    try:
+        report = bootstrap(ws)
+    except HybridtrainError as exc:
+        fail(exc)
+    console.print(f"pools created: {report.pools_created or '-'}; already there: {report.pools_existing or '-'}")
+    console.print(f"site blocks: {report.site_blocks}; pseudonym key {'created' if report.key_created else 'present'}")
+    console.print(f"deployments: {', '.join(report.deployments)}")
+    console.print("start workers with `make worker` (one process worker per pool)")
+
+
+if __name__ == "__main__":
+    main()
