@@ -33,6 +33,7 @@ demo: venv
 # server): about 9 minutes on 2 cores instead of 14. `make test TEST_WORKERS=0` runs them serially.
 TEST_WORKERS ?= auto
 test: venv
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 4
 
 # Prefect UI + API and MLflow UI on loopback, over the same stores `make demo` wrote.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
@@ -20,20 +20,8 @@ class SiteBlock(Block):
     _description = "A place hybridtrain can run stages: on-prem GPU cluster or cloud region."
 
     name: str = Field(description="Site name used in job specs and policies.")
-    kind: Literal["onprem", "cloud"]
-    region: str
-    jurisdiction: str
-    gpu_type: str | None = None
-    gpu_count: int = 0
-    capacity_class: Literal["fixed", "burst", "opportunistic"] = "fixed"
-    price_per_gpu_hour: float | None = None
-    spot_price_per_gpu_hour: float | None = None
-    onprem_cost: dict[str, float] | None = Field(None, description="Amortization inputs (see sites.yaml).")
-    egress_per_gb: float = 0.0
-    bandwidth_mbps: float = 1000.0
-    work_pool: str
-    store: dict[str, Any] = Field(description="kind: local (path) or s3 (bucket, prefix, endpoint_url, region).")
-    hosts: list[dict[str, Any]] = Field(default_factory=list, description="SSH hosts (hostname, port, username, gpus).")
+    config: dict[str, Any] = Field(description="The site as in deployments/sites.yaml (every field of the Site model, "
+                                               "credentials excepted), validated by that model on load.")
     aws_access_key_id: str | None = None
     aws_secret_access_key: SecretStr | None = None
     ssh_private_key: SecretStr | None = Field(None, description="PEM private key for the site's SSH hosts.")
@@ -41,26 +29,24 @@ class SiteBlock(Block):
 
     @classmethod
     def from_site(cls, site: Site) -> SiteBlock:
+        """The block of ``site``: its whole config from the ``Site`` model (so no field can be dropped on the
+        way), with the S3 keys moved out of the store section into secret fields."""
         data = site.model_dump(mode="json")
         store = dict(data["store"])
-        secret = store.pop("secret_access_key", None)
+        store.pop("secret_access_key", None)  # dumped masked: the secret itself is read from the model below
         key_id = store.pop("access_key_id", None)
         data["store"] = store
-        return cls(**data, aws_access_key_id=key_id, aws_secret_access_key=secret)
+        secret = getattr(site.store, "secret_access_key", None)
+        return cls(name=site.name, config=data, aws_access_key_id=key_id, aws_secret_access_key=secret)
 
     def to_site(self) -> Site:
-        store = dict(self.store)
+        data = dict(self.config)
+        store = dict(data.get("store") or {})
         if store.get("kind") == "s3":
             store["access_key_id"] = self.aws_access_key_id
             if self.aws_secret_access_key is not None:
                 store["secret_access_key"] = self.aws_secret_access_key.get_secret_value()
-        fields = self.model_dump(
-            include={"name", "kind", "region", "jurisdiction", "gpu_type", "gpu_count", "capacity_class",
-                     "price_per_gpu_hour", "spot_price_per_gpu_hour", "onprem_cost", "egress_per_gb",
-                     "bandwidth_mbps", "work_pool", "hosts"}
-        )
-        return Site.model_validate({**fields, "store": store})
-
+        return Site.model_validate({**data, "store": store})
 
 def saved_site_blocks(names: list[str]) -> dict[str, SiteBlock]:
     """The saved blocks of the named sites, in one request (the server answers it with every block

@@ -11,8 +11,8 @@ from prefect.artifacts import create_table_artifact
 from hybridtrain.placement.burst import plan_bursts
 from hybridtrain.placement.engine import Placement
 from hybridtrain.placement.policy import Policy
-from hybridtrain.remote.prefect_queues import burst_inputs
 from orchestration.context import run_workspace
+from orchestration.queues import burst_inputs
 from tasks.burst import announce_release, read_pool, read_queues, relocate
 
 

@@ -1,4 +1,4 @@
-"""Failover drill flow: the core drill (``hybridtrain.drill.drill``) on a schedule, its report as a Prefect artifact."""
+"""Failover drill flow: the core drill (``hybridtrain.drill.runner``) on a schedule, its report as a Prefect artifact."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from hybridtrain.drill.drill import DEFAULT_STEPS, RecoveryFailed, check_scenarios, run_drill
+from hybridtrain.drill.report import DEFAULT_STEPS
+from hybridtrain.drill.runner import run_drill
+from hybridtrain.drill.scenarios import RecoveryFailed, check_scenarios
 from orchestration.context import run_workspace
 
 

@@ -1,7 +1,8 @@
 """Orchestration: the Prefect machinery that is neither a flow nor a one-call task.
 
 Dispatching a stage to a site's work pool (``dispatch``), the workspace a flow run works in
-(``context``), the one-training-per-job lease (``training_lease``), fixes for the pinned Prefect
+(``context``), each site's training queue as the Prefect server sees it (``queues``), the
+one-training-per-job lease (``training_lease``), fixes for the pinned Prefect
 release (``prefect_compat``) and the ``hybridtrain`` command line that adds the Prefect-wired
 commands (init, run, demo, deploy, credentials) to the core's (``cli``).
 """

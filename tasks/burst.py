@@ -14,8 +14,8 @@ from pydantic import BaseModel
 from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.datasets.transfer import TransferRecord
-from hybridtrain.remote.prefect_queues import PoolRun, PrefectQueues
 from hybridtrain.workspace import Workspace
+from orchestration.queues import PoolRun, PrefectQueues
 from tasks.retry import BACKOFF_S, only_transient
 
 #: Prefix of the Cancelled-state message of a moved run; the waiting lifecycle follows it.

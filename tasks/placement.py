@@ -8,9 +8,9 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
 from hybridtrain import stages
-from hybridtrain.remote.prefect_queues import PrefectQueues
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.workspace import Workspace
+from orchestration.queues import PrefectQueues
 from tasks.retry import BACKOFF_S, only_transient
 
 

@@ -277,7 +277,8 @@ def drill(
     home: HomeOpt = None,
 ) -> None:
     """Failover drill: inject faults into a real training run, measure time to resume (RTO) and lost steps (RPO)."""
-    from hybridtrain.drill.drill import check_scenarios, run_drill
+    from hybridtrain.drill.runner import run_drill
+    from hybridtrain.drill.scenarios import check_scenarios
 
     ws = open_workspace(home)
     try:

@@ -71,7 +71,7 @@ def filled_pool(env):
 
 def decide(env):
     from hybridtrain import stages
-    from hybridtrain.remote.prefect_queues import PrefectQueues
+    from orchestration.queues import PrefectQueues
 
     now = datetime.now(UTC)
     queues = PrefectQueues(env["ws"].load_sites()).snapshot(now)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridtrain.drill.drill import LoopbackSshd, child_pids, keygen, known_host_line, stop_with_children
+from hybridtrain.drill.loopback import LoopbackSshd, keygen, known_host_line
+from hybridtrain.drill.processes import child_pids, stop_with_children
 from hybridtrain.specs.sites import SshHost
 
 SSHD_START_TIMEOUT_S = 15.0
@@ -37,7 +38,7 @@ class SshServer:
 
 
 def start_sshd(d: Path, port: int | None = None) -> tuple[subprocess.Popen, SshServer]:
-    """The drill's loopback sshd (``hybridtrain.drill.drill.LoopbackSshd``) with the keys in ``d`` on ``port``
+    """The drill's loopback sshd (``hybridtrain.drill.loopback.LoopbackSshd``) with the keys in ``d`` on ``port``
     (default: a free one), plus a key it refuses and a wrong host key for the tests that need them.
 
     Starting again with the same ``d`` and port brings "the same host" back. Stop it with ``stop_sshd``.

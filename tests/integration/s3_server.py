@@ -1,6 +1,6 @@
 """MotoS3Server: a moto S3 server on loopback that a test can stop hard and start again on the same port.
 
-It is the drill's ``hybridtrain.drill.drill.LoopbackS3`` (``stop()`` closes the listener and cuts every
+It is the drill's ``hybridtrain.drill.loopback.LoopbackS3`` (``stop()`` closes the listener and cuts every
 live connection, which is what a crashed or stopped S3 server looks like to a client: connection
 reset mid-request, then connection refused; moto keeps its state in process, so after ``start()``
 the buckets are still there) plus what tests need: ``reset()`` and ``enforce_auth()``.
@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from hybridtrain.drill.drill import LoopbackS3
+from hybridtrain.drill.loopback import LoopbackS3
 
 ACCESS_KEY = "testing"
 SECRET_KEY = "testing"

@@ -15,7 +15,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from hybridtrain.drill.drill import EXPERIMENT, JOB, DrillReport, ScenarioResult, run_drill, scenario_names
+from hybridtrain.drill.report import EXPERIMENT, JOB, DrillReport, ScenarioResult
+from hybridtrain.drill.runner import run_drill
+from hybridtrain.drill.scenarios import scenario_names
 from hybridtrain.errors import SpecError
 from hybridtrain.workspace import Workspace
 from tests.conftest import ROOT, make_workspace

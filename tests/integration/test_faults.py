@@ -40,7 +40,7 @@ import torch
 
 from hybridtrain.datasets import partitioned
 from hybridtrain.datasets.dvc_repo import DvcRepo
-from hybridtrain.drill.drill import wait_until as poll_until
+from hybridtrain.drill.environment import wait_until as poll_until
 from hybridtrain.errors import EXIT_PREEMPTED, Preempted, SiteUnavailable, is_retryable
 from hybridtrain.placement.engine import HEALTH_RULE, Placement
 from hybridtrain.placement.policy import Policy
@@ -83,7 +83,7 @@ FAST_SSH = Timeouts(connect=3, command=20, reconnect=3)
 
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = WAIT_S, every: float = 0.005) -> Any:
-    """The drill's poll-with-deadline (``hybridtrain.drill.drill.wait_until``) with this file's bound."""
+    """The drill's poll-with-deadline (``hybridtrain.drill.environment.wait_until``) with this file's bound."""
     return poll_until(predicate, what, timeout=timeout, every=every)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hybridtrain.drill.drill import stop_with_children
+from hybridtrain.drill.processes import stop_with_children
 from hybridtrain.workspace import Workspace
 from tests.conftest import ROOT
 from tests.flows.conftest import build_workspace, spec_writer

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hybridtrain.drill.drill import stop_with_children
+from hybridtrain.drill.processes import stop_with_children
 from tests.flows.conftest import build_workspace, spec_writer
 from tests.integration.test_faults import wait_until as wait_for
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from hybridtrain.drill.drill import stop_with_children
+from hybridtrain.drill.processes import stop_with_children
 from tests.conftest import ROOT
 from tests.integration import warm_flows
 

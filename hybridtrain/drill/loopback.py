@@ -1,0 +1,183 @@
+"""Loopback servers: a throwaway S3-compatible server (moto) and OpenSSH server on 127.0.0.1, for drills and tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+
+    from hybridtrain.specs.sites import SshHost
+
+log = logging.getLogger(__name__)
+
+from hybridtrain.drill.processes import stop_with_children
+from hybridtrain.drill.timeline import DrillFailed
+
+# -- loopback servers the drill starts ------------------------------------------------------------
+
+
+class LoopbackS3:
+    """moto's S3 served over HTTP on 127.0.0.1 from this process; ``stop()`` is hard, ``start()`` brings it back.
+
+    Stopping closes the listener and cuts every live connection (what a crashed server looks
+    like to a client: connection reset, then refused). moto keeps its state in process, so after
+    ``start()`` (same port) the buckets are still there, like a server with durable storage.
+    """
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+        from werkzeug.serving import make_server
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+
+        class Tracking(MotoRequestHandler):
+            def setup(self) -> None:
+                super().setup()
+                self.server.live.add(self.connection)  # type: ignore[attr-defined]
+
+            def finish(self) -> None:
+                self.server.live.discard(self.connection)  # type: ignore[attr-defined]
+                super().finish()
+
+        server = make_server("127.0.0.1", self.port, DomainDispatcherApplication(create_backend_app), True,
+                             request_handler=Tracking)
+        server.live = set()  # type: ignore[attr-defined]
+        self.port = server.server_address[1]
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="drill s3", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        for conn in list(server.live):
+            with suppress(OSError):  # closed by its handler meanwhile: already cut
+                conn.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+SSHD = "/usr/sbin/sshd"
+
+
+@dataclasses.dataclass
+class LoopbackSshd:
+    """A throwaway OpenSSH server on 127.0.0.1 (key auth only) and what a site block holds to reach it."""
+
+    proc: subprocess.Popen
+    host: SshHost
+    private_key: str
+    known_hosts: str
+
+    @staticmethod
+    def missing() -> str | None:
+        """Why no loopback sshd can be started here (None: it can)."""
+        if not Path(shutil.which("sshd") or SSHD).exists():
+            return "skipped: openssh-server not installed (apt-get install -y openssh-server)"
+        if shutil.which("ssh-keygen") is None:
+            return "skipped: ssh-keygen not installed (apt-get install -y openssh-client)"
+        return None
+
+    @classmethod
+    def start(cls, d: Path, timeout: float = 15.0, port: int | None = None) -> LoopbackSshd:
+        """Start sshd with the keys in ``d`` (made on first use) on ``port`` (default: a free loopback port).
+
+        Starting again with the same ``d`` and port brings "the same host" back: same host key,
+        authorized key and working directory. The login user is whoever runs the drill.
+        """
+        import pwd
+
+        from hybridtrain.specs.sites import SshHost
+
+        d.mkdir(parents=True, exist_ok=True)
+        for name in ("host_key", "user_key"):
+            if not (d / name).exists():
+                keygen(d / name)
+        (d / "authorized_keys").write_text((d / "user_key.pub").read_text())
+        if os.geteuid() == 0:
+            Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
+        log_path = d / "sshd.log"
+        for _ in range(3):  # a free port may be taken between choosing and binding it
+            chosen = port or free_port()
+            with open(log_path, "wb") as fh:
+                proc = subprocess.Popen(
+                    [shutil.which("sshd") or SSHD, "-D", "-e", "-f", "/dev/null", f"-oHostKey={d / 'host_key'}",
+                     f"-oPidFile={d / 'sshd.pid'}", f"-oPort={chosen}", "-oListenAddress=127.0.0.1",
+                     f"-oAuthorizedKeysFile={d / 'authorized_keys'}", "-oPasswordAuthentication=no",
+                     "-oKbdInteractiveAuthentication=no", "-oUsePAM=no", "-oStrictModes=no",
+                     "-oPermitRootLogin=prohibit-password", "-oSubsystem=sftp internal-sftp"],
+                    stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            if listening(chosen, proc, timeout):
+                break
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+            if "Address already in use" not in log_path.read_text() or port is not None:
+                raise DrillFailed(f"sshd did not start on port {chosen}: {log_path.read_text()[-2000:]}")
+        else:
+            raise DrillFailed(f"sshd found no free port: {log_path.read_text()[-2000:]}")
+        workdir = d / "work"
+        workdir.mkdir(exist_ok=True)
+        host = SshHost(hostname="127.0.0.1", port=chosen, username=pwd.getpwuid(os.getuid()).pw_name, gpus=0,
+                       workdir=str(workdir), python=sys.executable)
+        return cls(proc=proc, host=host, private_key=(d / "user_key").read_text(),
+                   known_hosts=known_host_line(d / "host_key.pub", chosen))
+
+    def stop(self) -> None:
+        """Stop the listener, then every connection it was serving (a stopped host has none)."""
+        stop_with_children(self.proc)
+
+
+def keygen(path: Path) -> None:
+    """A passphrase-less ed25519 key pair at ``path`` and ``path.pub``."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hybridtrain-loopback", "-f", str(path)],
+                   check=True, timeout=30, capture_output=True)
+
+
+def known_host_line(pub: Path, port: int) -> str:
+    """The known_hosts line for a loopback host on ``port`` whose host key is ``pub``."""
+    kind, b64 = pub.read_text().split()[:2]
+    return f"[127.0.0.1]:{port} {kind} {b64}\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port: int, proc: subprocess.Popen, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
