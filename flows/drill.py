@@ -9,7 +9,8 @@ from prefect.artifacts import create_markdown_artifact
 
 from hybridtrain.drill.report import DEFAULT_STEPS
 from hybridtrain.drill.runner import run_drill
-from hybridtrain.drill.scenarios import RecoveryFailed, check_scenarios
+from hybridtrain.drill.scenarios import check_scenarios
+from hybridtrain.drill.timeline import RecoveryFailed
 from orchestration.context import run_workspace
 
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.fixtures.workspaces import make_workspace
+
+# Shared fixtures, one plugin per concept (tests/fixtures/); test modules never import each other.
+pytest_plugins = ["tests.fixtures.training_data", "tests.fixtures.placement_cases", "tests.fixtures.gate_cases"]
+
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -19,15 +21,6 @@ os.environ.setdefault("GIT_AUTHOR_NAME", "hybridtrain-tests")
 os.environ.setdefault("GIT_AUTHOR_EMAIL", "tests@hybridtrain.invalid")
 os.environ.setdefault("GIT_COMMITTER_NAME", "hybridtrain-tests")
 os.environ.setdefault("GIT_COMMITTER_EMAIL", "tests@hybridtrain.invalid")
-
-
-def make_workspace(dest: Path) -> Path:
-    """A fresh git repo with the project's sites/policy/jobs files (no data, no state)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for rel in ("deployments", "jobs"):
-        shutil.copytree(ROOT / rel, dest / rel, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
-    subprocess.run(["git", "init", "-q", str(dest)], check=True)
-    return dest
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from hybridtrain.errors import SpecError
-from tests.flows.conftest import build_workspace, spec_writer
+from tests.fixtures.workspaces import build_workspace, spec_writer
 
 pytestmark = pytest.mark.slow
 PAUSE_TIMEOUT_S = 300

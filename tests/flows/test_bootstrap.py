@@ -6,7 +6,7 @@ import pytest
 
 from hybridtrain.specs.sites import SitesCatalog
 from hybridtrain.workspace import Workspace
-from tests.conftest import ROOT, make_workspace
+from tests.fixtures.workspaces import ROOT, make_workspace
 
 pytestmark = pytest.mark.slow
 

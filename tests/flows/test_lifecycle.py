@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.flows.conftest import build_workspace, spec_writer
+from tests.fixtures.workspaces import build_workspace, spec_writer
 
 pytestmark = pytest.mark.slow
 

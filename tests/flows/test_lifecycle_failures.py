@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from hybridtrain.errors import DataError, LeakDetected, SpecError
-from tests.flows.conftest import build_workspace, spec_writer
+from tests.fixtures.workspaces import build_workspace, spec_writer
 
 pytestmark = pytest.mark.slow
 

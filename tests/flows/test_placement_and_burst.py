@@ -11,8 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from hybridtrain.workspace import Workspace
-from tests.conftest import ROOT
-from tests.flows.conftest import build_workspace, spec_writer
+from tests.fixtures.workspaces import ROOT, build_workspace, spec_writer
 
 pytestmark = pytest.mark.slow
 

@@ -3,67 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from hybridtrain.drill.loopback import LoopbackSshd, keygen, known_host_line
-from hybridtrain.drill.processes import child_pids, stop_with_children
-from hybridtrain.specs.sites import SshHost
-
-SSHD_START_TIMEOUT_S = 15.0
-
-
-@dataclass(frozen=True)
-class SshServer:
-    """A throwaway OpenSSH server on 127.0.0.1 and what a site block would hold to reach it."""
-
-    host: SshHost
-    private_key: str
-    known_hosts: str
-    other_private_key: str  # a key the server does not accept
-    other_host_key_line: str  # a different host key for the same [host]:port
-    pid: int
-
-    def drop_connections(self) -> int:
-        """Kill the server's per-connection processes (as a dropped network would); returns how many."""
-        children = child_pids(self.pid)
-        for pid in children:
-            os.kill(pid, signal.SIGKILL)
-        return len(children)
-
-
-def start_sshd(d: Path, port: int | None = None) -> tuple[subprocess.Popen, SshServer]:
-    """The drill's loopback sshd (``hybridtrain.drill.loopback.LoopbackSshd``) with the keys in ``d`` on ``port``
-    (default: a free one), plus a key it refuses and a wrong host key for the tests that need them.
-
-    Starting again with the same ``d`` and port brings "the same host" back. Stop it with ``stop_sshd``.
-    """
-    missing = LoopbackSshd.missing()
-    if missing:
-        raise RuntimeError(f"{missing.removeprefix('skipped: ')} (`.ci/run` installs it)")
-    d.mkdir(parents=True, exist_ok=True)
-    for name in ("other_host_key", "other_user_key"):
-        if not (d / name).exists():
-            keygen(d / name)
-    server = LoopbackSshd.start(d, SSHD_START_TIMEOUT_S, port=port)
-    return server.proc, SshServer(
-        host=server.host,
-        private_key=server.private_key,
-        known_hosts=server.known_hosts,
-        other_private_key=(d / "other_user_key").read_text(),
-        other_host_key_line=known_host_line(d / "other_host_key.pub", server.host.port),
-        pid=server.proc.pid,
-    )
-
-
-def stop_sshd(proc: subprocess.Popen) -> None:
-    """Stop a server from ``start_sshd``: the listener first, then every connection it was serving."""
-    stop_with_children(proc)
+from tests.fixtures.processes import SshServer, start_sshd, stop_sshd
 
 
 @pytest.fixture(scope="session")
@@ -94,7 +39,7 @@ S3_BUCKET = "hybridtrain-test"
 class S3Env:
     """A reset moto server with one empty bucket, a raw boto3 client, and site store configs."""
 
-    server: object  # tests.integration.s3_server.MotoS3Server
+    server: object  # tests.fixtures.s3_server.MotoS3Server
     bucket: str
     client: object  # boto3 S3 client (testing/testing)
 
@@ -114,7 +59,7 @@ def s3_server():
     """moto S3 on 127.0.0.1 and a free port for the session (stoppable: see s3_server.py)."""
     import logging
 
-    from tests.integration.s3_server import MotoS3Server
+    from tests.fixtures.s3_server import MotoS3Server
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = MotoS3Server()

@@ -29,7 +29,7 @@ from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.preemption import PreemptionNotice
 from hybridtrain.training.trainer import Trainer
-from tests.model.test_trainer import LABEL, SPEC, make_frame
+from tests.fixtures.training_data import LABEL, SPEC, make_frame
 
 
 def setup(config: dict[str, Any]) -> tuple[Trainer, pd.DataFrame, pd.DataFrame]:

@@ -20,7 +20,7 @@ from hybridtrain.drill.runner import run_drill
 from hybridtrain.drill.scenarios import scenario_names
 from hybridtrain.errors import SpecError
 from hybridtrain.workspace import Workspace
-from tests.conftest import ROOT, make_workspace
+from tests.fixtures.workspaces import ROOT, make_workspace
 
 STEPS = 300
 INTERVAL = 25

@@ -86,7 +86,7 @@ def test_push_and_pull_by_pointer_with_credentials_only_in_memory(s3, s3_server,
 
 
 def test_a_push_to_a_stopped_endpoint_fails_clearly_and_soon(s3, tmp_path):
-    from tests.integration.s3_server import MotoS3Server
+    from tests.fixtures.s3_server import MotoS3Server
 
     server = MotoS3Server()
     server.start()

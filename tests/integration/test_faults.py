@@ -23,7 +23,6 @@ The corrupt-newest-checkpoint case is covered where the store is: ``tests/model/
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -40,7 +39,6 @@ import torch
 
 from hybridtrain.datasets import partitioned
 from hybridtrain.datasets.dvc_repo import DvcRepo
-from hybridtrain.drill.environment import wait_until as poll_until
 from hybridtrain.errors import EXIT_PREEMPTED, Preempted, SiteUnavailable, is_retryable
 from hybridtrain.placement.engine import HEALTH_RULE, Placement
 from hybridtrain.placement.policy import Policy
@@ -56,11 +54,8 @@ from hybridtrain.training.checkpoint import CheckpointInfo, CheckpointStore
 from hybridtrain.training.preemption import PreemptionReport
 from hybridtrain.training.trainer import Trainer
 from hybridtrain.workspace import Workspace
-from tests.conftest import ROOT
-from tests.integration.conftest import start_sshd, stop_sshd
-from tests.integration.fault_worker import setup
-from tests.integration.test_ssh_site import churn_frame
-from tests.model.test_trainer import (
+from tests.fixtures.processes import job_dir, kill_job, start_sshd, stop_sshd, wait_until
+from tests.fixtures.training_data import (
     EVERY_10,
     LABEL,
     SPEC,
@@ -68,8 +63,10 @@ from tests.model.test_trainer import (
     TRAIN,
     VAL,
     assert_same_weights,
-    reference,  # noqa: F401  (fixture: the uninterrupted 48-step run)
+    churn_frame,
 )
+from tests.fixtures.workspaces import ROOT
+from tests.integration.fault_worker import setup
 
 WAIT_S = 90.0  # bound on every wait for a process or a job in this file
 GRACE_S = 10.0
@@ -80,11 +77,6 @@ MID = 150  # faults strike once a checkpoint at this step or later exists: ~1100
 FAST_S3 = S3Options(connect_timeout_s=1, read_timeout_s=5, request_attempts=1, attempts=3, backoff_s=0.05,
                     backoff_max_s=0.2, multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB, max_concurrency=2)
 FAST_SSH = Timeouts(connect=3, command=20, reconnect=3)
-
-
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = WAIT_S, every: float = 0.005) -> Any:
-    """The drill's poll-with-deadline (``hybridtrain.drill.environment.wait_until``) with this file's bound."""
-    return poll_until(predicate, what, timeout=timeout, every=every)
 
 
 # -- training subprocesses ----------------------------------------------------------------------------
@@ -204,7 +196,7 @@ def test_sigterm_checkpoints_within_the_grace_exits_75_and_resumes_at_another_st
 @pytest.fixture
 def flaky_s3(s3):
     """A second moto endpoint (same in-process state as ``s3``) that a test may stop and start."""
-    from tests.integration.s3_server import MotoS3Server
+    from tests.fixtures.s3_server import MotoS3Server
 
     server = MotoS3Server()
     server.start()
@@ -320,36 +312,6 @@ def ssh_env(tmp_path_factory):
     ref = Trainer(SSH_SPEC.model, SSH_SPEC.checkpoint, CheckpointStore(LocalObjectStore(root / "ref"), "ref"), LABEL,
                   device="cpu", threads=1).fit(train_df, val_df)
     return ws, store, approved, (train_df, val_df), ref
-
-
-def job_dir(host_workdir: str, job_id: str) -> Path:
-    return Path(host_workdir) / "jobs" / job_id
-
-
-def kill_job(host_workdir: str, job_id: str) -> None:
-    """SIGKILL every process of a job on this (loopback) host: the wrapper's group and torchrun's workers."""
-    d = job_dir(host_workdir, job_id)
-    marker = f"{d}/bundle".encode()
-    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, marker)]
-    if (d / "pid").exists():
-        try:
-            os.killpg(int((d / "pid").read_text()), signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # already gone
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-    wait_until(lambda: not any(Path(f"/proc/{p}/cmdline").exists() and _cmdline_has(Path(f"/proc/{p}"), marker)
-                               for p in pids), f"the processes of job {job_id} to end", timeout=30)
-
-
-def _cmdline_has(proc_dir: Path, marker: bytes) -> bool:
-    try:
-        return marker in (proc_dir / "cmdline").read_bytes()
-    except OSError:
-        return False  # ended while we looked
 
 
 def test_sigterm_through_ssh_and_torchrun_is_a_preemption_that_resumes(sshd, ssh_env):

@@ -8,10 +8,6 @@ training in the pool of the placed site — first on-prem → cloud, then the re
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,14 +15,11 @@ import yaml
 
 from hybridtrain.drill.processes import stop_with_children
 from hybridtrain.workspace import Workspace
-from tests.conftest import ROOT
-from tests.flows.conftest import build_workspace, spec_writer
+from tests.fixtures.processes import start_worker, wait_for_workers
+from tests.fixtures.workspaces import ROOT, build_workspace, spec_writer
 
 pytestmark = pytest.mark.slow
 BUCKET = "hybridtrain-pools"
-WORKER_START_TIMEOUT_S = 120
-
-
 def write_sites(root: Path, sshd, endpoint: str) -> None:
     data = yaml.safe_load((root / "deployments" / "sites.yaml").read_text())
     onprem, cloud = data["sites"]
@@ -34,29 +27,6 @@ def write_sites(root: Path, sshd, endpoint: str) -> None:
     onprem["store"] = {"kind": "local", "path": str(root / ".hybridtrain" / "stores" / "onprem-dc1")}
     cloud["store"] = {"kind": "s3", "bucket": BUCKET, "prefix": "cloud-eu", "endpoint_url": endpoint}
     (root / "deployments" / "sites.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-
-
-def start_worker(pool: str, root: Path, api: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_WORKER_QUERY_SECONDS": "1",
-           "PREFECT_WORKER_HEARTBEAT_SECONDS": "5", "HYBRIDTRAIN_HOME": str(root),
-           "PREFECT_LOGGING_EXTRA_LOGGERS": "hybridtrain"}
-    with open(log, "wb") as fh:
-        return subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool],
-                                cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
-def wait_for_workers(pools: list[str], procs: list[subprocess.Popen], logs: list[Path]) -> None:
-    from orchestration.dispatch import workers_online
-
-    deadline = time.monotonic() + WORKER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        for p, log in zip(procs, logs, strict=True):
-            if p.poll() is not None:
-                raise RuntimeError(f"worker exited with {p.returncode}: {log.read_text()[-3000:]}")
-        if all(workers_online(pool) for pool in pools):
-            return
-        time.sleep(0.5)
-    raise RuntimeError("workers did not come online: " + " | ".join(log.read_text()[-1500:] for log in logs))
 
 
 @pytest.fixture(scope="module")

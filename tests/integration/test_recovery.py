@@ -27,8 +27,8 @@ import pytest
 import yaml
 
 from hybridtrain.drill.processes import stop_with_children
-from tests.flows.conftest import build_workspace, spec_writer
-from tests.integration.test_faults import wait_until as wait_for
+from tests.fixtures.processes import wait_until as wait_for
+from tests.fixtures.workspaces import build_workspace, spec_writer
 
 pytestmark = pytest.mark.slow
 WAIT_S = 240.0
@@ -98,8 +98,7 @@ def test_a_job_whose_data_may_not_leave_waits_for_its_site_instead_of_failing_ov
     from hybridtrain.specs.sites import SitesCatalog
     from hybridtrain.tracking.model_registry import Registry
     from hybridtrain.workspace import Workspace
-    from tests.integration.conftest import start_sshd, stop_sshd
-    from tests.integration.test_faults import kill_job
+    from tests.fixtures.processes import kill_job, start_sshd, stop_sshd
 
     root = workspace
     proc, server = start_sshd(tmp_path / "sshd-wait")
@@ -177,8 +176,8 @@ def test_a_crashed_lifecycle_run_is_resubmitted_once_and_resumes(workspace, pref
     from flows.recovery import RECOVERED, recover_runs
     from hybridtrain.tracking.model_registry import Registry
     from hybridtrain.workspace import Workspace
-    from tests.conftest import ROOT
-    from tests.integration.test_pools import start_worker, wait_for_workers
+    from tests.fixtures.processes import start_worker, wait_for_workers
+    from tests.fixtures.workspaces import ROOT
 
     root = workspace
     for pkg in ("flows", "tasks", "blocks", "workers"):

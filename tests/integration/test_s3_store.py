@@ -182,7 +182,7 @@ def test_a_missing_bucket_is_a_config_error_naming_bucket_and_endpoint(s3, tmp_p
 @pytest.fixture
 def flaky_s3(s3):
     """A second moto endpoint (same in-process state as ``s3``) that a test may stop and start."""
-    from tests.integration.s3_server import MotoS3Server
+    from tests.fixtures.s3_server import MotoS3Server
 
     server = MotoS3Server()
     server.start()

@@ -6,7 +6,7 @@ import pytest
 
 from hybridtrain.remote.site_health import check_site, probe_ssh, probe_store
 from hybridtrain.specs.sites import LocalStore, S3Store, Site
-from tests.integration.conftest import start_sshd, stop_sshd
+from tests.fixtures.processes import start_sshd, stop_sshd
 
 TIMEOUT_S = 2.0
 
@@ -57,7 +57,7 @@ def test_a_host_key_or_user_key_problem_is_unhealthy_with_that_reason(sshd):
 
 @pytest.fixture
 def flaky_s3(s3):
-    from tests.integration.s3_server import MotoS3Server
+    from tests.fixtures.s3_server import MotoS3Server
 
     server = MotoS3Server()
     server.start()

@@ -27,6 +27,7 @@ from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.trainer import Trainer
 from hybridtrain.workspace import Workspace
+from tests.fixtures.training_data import churn_frame
 
 FAST = Timeouts(connect=3, command=20, reconnect=30)
 WAIT_S = 60.0  # bound on every job wait in this file
@@ -47,19 +48,6 @@ def wait_for(predicate, timeout: float = 10.0) -> None:
 
 
 # -- a site with approved data in its store, and a job spec ---------------------------------------
-
-
-def churn_frame(n: int, seed: int) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    tenure = rng.integers(1, 72, n).astype(float)
-    charges = rng.normal(70, 20, n)
-    contract = rng.choice(["monthly", "annual", "two_year"], n, p=[0.5, 0.3, 0.2])
-    logit = -0.08 * (tenure - 36) + 0.05 * (charges - 70) + np.where(contract == "monthly", 2.0, -1.5)
-    return pd.DataFrame({
-        "account_id": [f"a{seed}-{i}" for i in range(n)],
-        "tenure": tenure, "charges": charges, "contract": contract,
-        LABEL: (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(int),
-    })
 
 
 SPEC = parse_spec({

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from hybridtrain.drill.processes import stop_with_children
-from tests.conftest import ROOT
+from tests.fixtures.workspaces import ROOT
 from tests.integration import warm_flows
 
 pytestmark = pytest.mark.slow

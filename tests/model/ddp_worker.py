@@ -24,7 +24,7 @@ from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.distributed import Distributed
 from hybridtrain.training.trainer import Trainer
-from tests.model.test_trainer import LABEL, SPEC, TRAIN, VAL
+from tests.fixtures.training_data import LABEL, SPEC, TRAIN, VAL
 
 STOP_AT = 21
 NODROP = SPEC.model_copy(update={"dropout": 0.0})

@@ -15,8 +15,8 @@ from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.distributed import Distributed
 from hybridtrain.training.trainer import Trainer
+from tests.fixtures.training_data import LABEL, TOTAL_STEPS, TRAIN, VAL, assert_same_weights
 from tests.model.ddp_worker import NODROP, STOP_AT
-from tests.model.test_trainer import LABEL, TOTAL_STEPS, TRAIN, VAL, assert_same_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from hybridtrain.specs.job import CheckpointSpec
 from hybridtrain.training.checkpoint_interval import MAX_INTERVAL_S, MIN_INTERVAL_S, optimal_interval_s
 from hybridtrain.training.preemption import PreemptionNotice, PreemptionReport
 from hybridtrain.training.trainer import Trainer
-from tests.model.test_trainer import (  # noqa: F401  (reference is a fixture)
+from tests.fixtures.training_data import (
     LABEL,
     SPEC,
     STEPS_PER_EPOCH,
@@ -22,7 +22,6 @@ from tests.model.test_trainer import (  # noqa: F401  (reference is a fixture)
     VAL,
     assert_same_weights,
     ckpt_store,
-    reference,
     trainer,
 )
 

@@ -2,76 +2,27 @@ import itertools
 import logging
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 from hybridtrain.errors import DataError, Preempted, SpecError
-from hybridtrain.specs.job import CheckpointSpec, FeatureSpec, ModelSpec
-from hybridtrain.storage.local import LocalObjectStore
-from hybridtrain.training.checkpoint import CheckpointStore
-from hybridtrain.training.trainer import Trainer, epoch_permutation
+from hybridtrain.specs.job import CheckpointSpec
+from hybridtrain.training.trainer import epoch_permutation
+from tests.fixtures.training_data import (
+    LABEL,
+    SPEC,
+    STEPS_PER_EPOCH,
+    TOTAL_STEPS,
+    TRAIN,
+    VAL,
+    assert_same_weights,
+    ckpt_store,
+    stop_after,
+    trainer,
+)
 
-LABEL = "churned"
-FEATURES = FeatureSpec(numeric=["tenure", "charges", "streaming"], categorical=["contract"])
+
 # 2000 train rows / batch 128 = 16 steps per epoch (the last one 80 rows), 48 in all.
-SPEC = ModelSpec(features=FEATURES, hidden_layers=[16, 8], dropout=0.1, epochs=3, batch_size=128,
-                 learning_rate=0.01, seed=11)
-STEPS_PER_EPOCH = 16
-TOTAL_STEPS = 48
-EVERY_10 = CheckpointSpec(interval_steps=10, keep_last=3)
-
-
-def make_frame(n: int, seed: int) -> pd.DataFrame:
-    """Synthetic churn-like rows whose label a small model can learn (plus some noise and gaps)."""
-    rng = np.random.default_rng(seed)
-    tenure = rng.integers(1, 72, n).astype(float)
-    charges = rng.normal(70, 20, n)
-    contract = rng.choice(["monthly", "annual", "two_year"], n, p=[0.5, 0.3, 0.2])
-    streaming = rng.random(n) < 0.4
-    logit = (-0.08 * (tenure - 36) + 0.05 * (charges - 70) + np.where(contract == "monthly", 2.0, -1.5)
-             + 0.5 * streaming)
-    churned = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(int)
-    charges[rng.random(n) < 0.05] = np.nan
-    return pd.DataFrame({"tenure": tenure, "charges": charges, "contract": contract, "streaming": streaming,
-                         LABEL: churned})
-
-
-TRAIN = make_frame(2000, seed=1)
-VAL = make_frame(500, seed=2)
-
-
-def ckpt_store(tmp_path, keep_last=3) -> CheckpointStore:
-    return CheckpointStore.for_run(LocalObjectStore(tmp_path / "store"), "churn", "run-1", keep_last=keep_last)
-
-
-def trainer(store, checkpoint=EVERY_10, spec=SPEC) -> Trainer:
-    return Trainer(spec, checkpoint, store, LABEL, device="cpu", threads=1, job="churn")
-
-
-def stop_after(step: int):
-    """A should_stop flag that trips once the trainer has asked ``step`` times (once per step)."""
-    calls = itertools.count(1)
-    return lambda: next(calls) >= step
-
-
-def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys()
-    for name in sa:
-        assert torch.equal(sa[name], sb[name]), f"parameter {name} differs"
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """One uninterrupted run that the resumed runs must reproduce exactly."""
-    epochs = []
-    result = trainer(ckpt_store(tmp_path_factory.mktemp("ref"))).fit(
-        TRAIN, VAL, on_epoch=lambda e, m: epochs.append((e, m))
-    )
-    return result, epochs
-
-
 def test_model_learns_and_clearly_beats_the_majority_class(reference):
     result, epochs = reference
     final = result.history[-1]

@@ -20,7 +20,7 @@ from hybridtrain.governance.bundle import (
     file_sha256,
 )
 from hybridtrain.governance.signing_key import SigningKey, VerifyKey
-from tests.unit.bundles import CHECKPOINT_SHA, DATASETS, make_bundle
+from tests.fixtures.bundles import CHECKPOINT_SHA, DATASETS, make_bundle
 
 KEY = SigningKey.generate()
 

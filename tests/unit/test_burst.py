@@ -9,8 +9,8 @@ from hybridtrain.placement.engine import Placement
 from hybridtrain.placement.policy import Policy
 from hybridtrain.placement.request import ResourceRequest
 from hybridtrain.specs.job import Sensitivity
-from tests.conftest import ROOT
-from tests.unit.test_policy import CLOUD_EU, CLOUD_US, NOW, ONPREM
+from tests.fixtures.placement_cases import CLOUD_EU, CLOUD_US, NOW, ONPREM
+from tests.fixtures.workspaces import ROOT
 
 H = 3600.0
 

@@ -8,6 +8,7 @@ import torch
 from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.storage.object_store import TMP_PREFIX
 from hybridtrain.training.checkpoint import CheckpointStore
+from tests.fixtures.training_data import flip_byte, state
 
 
 @pytest.fixture
@@ -18,17 +19,6 @@ def objects(tmp_path):
 @pytest.fixture
 def ckpts(objects):
     return CheckpointStore.for_run(objects, "churn", "run-1", keep_last=10)
-
-
-def state(step):
-    return {"weights": torch.full((3, 2), float(step)), "step": step, "meta": {"rng": [1, 2, 3], "none": None}}
-
-
-def flip_byte(objects, key, offset=-20):
-    path = objects.root / key
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0xFF
-    path.write_bytes(bytes(data))
 
 
 def test_round_trip(ckpts, objects):

@@ -10,7 +10,7 @@ import torch
 
 from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.training.checkpoint import CheckpointStore
-from tests.unit.test_checkpoint import flip_byte, state
+from tests.fixtures.training_data import flip_byte, state
 
 
 def run_store(root: Path, keep_last: int = 3, **kw) -> CheckpointStore:

@@ -18,7 +18,7 @@ from hybridtrain.training.checkpoint_interval import (
     mean_time_between_preemptions_s,
     optimal_interval_s,
 )
-from tests.conftest import ROOT
+from tests.fixtures.workspaces import ROOT
 
 
 def test_worked_example_from_the_docstring():

@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from orchestration.cli import app
-from tests.conftest import ROOT
+from tests.fixtures.workspaces import ROOT
 
 runner = CliRunner()
 

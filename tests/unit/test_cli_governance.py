@@ -21,8 +21,8 @@ from hybridtrain.governance.signing_key import SigningKey
 from hybridtrain.specs.job import load_spec
 from hybridtrain.tracking.model_registry import CHAMPION, Registry
 from hybridtrain.workspace import Workspace
-from tests.conftest import make_workspace
-from tests.unit.bundles import CHECKPOINT_SHA, DATASETS, make_bundle
+from tests.fixtures.bundles import CHECKPOINT_SHA, DATASETS, make_bundle
+from tests.fixtures.workspaces import make_workspace
 
 runner = CliRunner()
 app = typer.Typer()

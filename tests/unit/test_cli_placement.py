@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from hybridtrain.cli.placement import register
 from hybridtrain.simulation.traces import POD_TRACE
-from tests.conftest import ROOT
+from tests.fixtures.workspaces import ROOT
 
 runner = CliRunner()
 app = typer.Typer()

@@ -3,41 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
 from hybridtrain.errors import GateFailed, SpecError
-from hybridtrain.governance.gates import CHECKPOINT_TAG, GATES, GateInputs, dataset_tag, evaluate_gates
+from hybridtrain.governance.gates import GATES, dataset_tag, evaluate_gates
 from hybridtrain.governance.signing_key import SigningKey
-from hybridtrain.specs.job import EvaluationSpec, PromotionSpec
-from tests.unit.bundles import CHECKPOINT_SHA, DATASETS, make_bundle
-
-KEY = SigningKey.generate()
-MODEL = "churn-classifier"
-
-
-@pytest.fixture
-def good(tmp_path: Path) -> GateInputs:
-    """Evidence for v2 that passes every gate: v1 is champion and its bundle is archived."""
-    bundle = make_bundle(tmp_path / "bundle", KEY, model=MODEL, version="2")
-    return GateInputs(
-        model=MODEL,
-        version="2",
-        evaluation=EvaluationSpec(primary_metric="auc", thresholds={"auc": 0.75, "log_loss": 0.6},
-                                  min_improvement=0.01),
-        promotion=PromotionSpec(max_cost_usd=25.0),
-        version_tags={**{dataset_tag(t): m for t, m in DATASETS.items()}, CHECKPOINT_TAG: CHECKPOINT_SHA},
-        datasets=dict(DATASETS),
-        checkpoint_sha256=CHECKPOINT_SHA,
-        bundle=bundle,
-        trusted_key=KEY.public,
-        metrics={"auc": 0.82, "log_loss": 0.45, "accuracy": 0.8},
-        champion_version="1",
-        champion_metrics={"auc": 0.80, "log_loss": 0.47},
-        cost_usd=12.5,
-        rollback_versions=["1"],
-    )
+from hybridtrain.specs.job import PromotionSpec
+from tests.fixtures.bundles import CHECKPOINT_SHA, DATASETS
+from tests.fixtures.gate_cases import CASES, other_bundle_md5
 
 
 def test_consistent_evidence_passes_every_gate_in_order(good):
@@ -52,35 +26,7 @@ def test_consistent_evidence_passes_every_gate_in_order(good):
     assert report.tags()["hybridtrain.gate.cost"] == "passed: ledger total $12.5000 is within $25.00"
 
 
-def other_bundle_md5(tmp_path: Path, good: GateInputs) -> GateInputs:
-    bundle = make_bundle(tmp_path / "other", KEY, model=MODEL, version="2",
-                         datasets={**DATASETS, "approved": "9" * 32 + ".dir"})
-    return dataclasses.replace(good, bundle=bundle)
-
-
 # Each case changes one piece of evidence; exactly that gate must fail, with this in its reason.
-CASES = {
-    "lineage": (lambda g, tmp: dataclasses.replace(g, version_tags={**g.version_tags, dataset_tag("raw"): "f" * 32}),
-                f"raw: MLflow records {'f' * 32}, but the DVC version is {DATASETS['raw']}"),
-    "signature": (lambda g, tmp: dataclasses.replace(g, trusted_key=SigningKey.generate().public),
-                  "the bundle does not verify: signature.json: signed by key"),
-    "thresholds": (lambda g, tmp: dataclasses.replace(g, metrics={**g.metrics, "log_loss": 0.65},
-                                                      champion_metrics={"auc": 0.7}),
-                   "log_loss 0.6500 is above the maximum 0.6"),
-    "not_worse": (lambda g, tmp: dataclasses.replace(g, champion_metrics={"auc": 0.815}),
-                  "auc 0.8200 vs champion 0.8150 (higher is better, delta +0.0050): improves by no more than the "
-                  "required 0.01"),
-    "cost": (lambda g, tmp: dataclasses.replace(g, cost_usd=25.01),
-             "ledger total $25.0100 exceeds promotion.max_cost_usd $25.00"),
-    "rollback_target": (lambda g, tmp: dataclasses.replace(g, rollback_versions=[]),
-                        "the current champion v1 would become the rollback target, but no signed bundle of it is "
-                        "available to re-release (available: none)"),
-    "approval": (lambda g, tmp: dataclasses.replace(g, promotion=PromotionSpec(max_cost_usd=25.0,
-                                                                               require_approval=True)),
-                 "promotion.require_approval is set and nobody has approved"),
-}
-
-
 @pytest.mark.parametrize("gate", list(CASES))
 def test_each_gate_fails_on_its_own(good, tmp_path, gate):
     change, reason = CASES[gate]

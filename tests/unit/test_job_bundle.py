@@ -8,7 +8,7 @@ from hybridtrain.errors import SpecError
 from hybridtrain.remote.job_bundle import BUNDLE_FILE, SECRETS_FILE, JobBundle
 from hybridtrain.specs.job import load_spec
 from hybridtrain.specs.sites import S3Store, Site
-from tests.conftest import ROOT
+from tests.fixtures.workspaces import ROOT
 
 SECRET = "wJalrXUtnFEMI-not-a-real-secret"
 

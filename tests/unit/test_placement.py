@@ -15,40 +15,13 @@ from hybridtrain.placement.decision import MAX_TAG_CHARS
 from hybridtrain.placement.engine import Placement, decide
 from hybridtrain.placement.policy import Policy, capacity_options
 from hybridtrain.placement.queue_state import QueuedRun, QueueState, QueueTier
-from hybridtrain.placement.request import DataTier, ResourceRequest, request_from_spec
+from hybridtrain.placement.request import DataTier, request_from_spec
 from hybridtrain.placement.spot_market import SpotOutlook
 from hybridtrain.placement.strategy import STRATEGIES, ThresholdBurst
 from hybridtrain.specs.job import Sensitivity, load_spec
 from hybridtrain.specs.sites import CapacityClass, SitesCatalog
-from tests.conftest import ROOT
-from tests.unit.test_policy import CLOUD_EU, CLOUD_US, CLOUD_V100, NOW, ONPREM, SITES
-
-H = 3600.0
-
-
-@pytest.fixture(scope="module")
-def policy() -> Policy:
-    return Policy.load(ROOT / "deployments" / "policy.yaml")
-
-
-@pytest.fixture(scope="module")
-def engine(policy) -> Placement:
-    return Placement(SITES, policy)
-
-
-def request(**kw) -> ResourceRequest:
-    base = dict(job="j", gpus=1, run_hours=2.0, max_run_hours=4.0, submitted_at=NOW, data_site="onprem-dc1",
-                dataset_bytes=10 * 10**9, sensitivity=Sensitivity.internal, job_class="standard",
-                deadline=NOW + 6 * H)
-    base.update(kw)
-    return ResourceRequest(**base)
-
-
-def busy(hours_ahead: float) -> dict[str, QueueState]:
-    """The on-prem pool full, with queued work that delays a new run by about ``hours_ahead``."""
-    running = tuple(QueuedRun(1, hours_ahead) for _ in range(8))
-    return {"onprem-dc1": QueueState("onprem-dc1", 8, 8, running=8, scheduled=0, backlog=(), running_runs=running)}
-
+from tests.fixtures.placement_cases import CLOUD_EU, CLOUD_US, CLOUD_V100, NOW, ONPREM, SITES, H, busy, request
+from tests.fixtures.workspaces import ROOT
 
 # (reason, request overrides, queue wait ahead on-prem in hours (None: empty), spot outlooks,
 #  expected site, expected capacity class, meets deadline)

@@ -8,8 +8,7 @@ from hybridtrain.errors import NoFeasiblePlacement
 from hybridtrain.placement.engine import HEALTH_RULE
 from hybridtrain.remote.site_health import HealthCheck, assess, unavailable
 from hybridtrain.specs.job import Sensitivity
-from tests.unit.test_placement import busy, engine, policy, request  # noqa: F401  (fixtures)
-from tests.unit.test_policy import NOW
+from tests.fixtures.placement_cases import NOW, busy, request
 
 SSH_DOWN = "ssh gpu@10.0.0.5:22: SiteUnavailable: cannot connect (Connection refused)"
 

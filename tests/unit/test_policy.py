@@ -10,26 +10,9 @@ from hybridtrain.placement.cost_model import CostModel
 from hybridtrain.placement.policy import Policy, Verdict, capacity_options
 from hybridtrain.placement.request import DataTier, ResourceRequest
 from hybridtrain.specs.job import Sensitivity
-from hybridtrain.specs.sites import CapacityClass, Site, SitesCatalog
-from tests.conftest import ROOT
-
-NOW = 1_777_636_800.0
-
-
-def site(name, kind="cloud", jurisdiction="EU", gpu_type="A100", gpus=16, price=4.0, spot=1.0, egress=0.09):
-    extra = {"price_per_gpu_hour": price} if kind == "cloud" else {"price_per_gpu_hour": 1.13}
-    return Site(name=name, kind=kind, region="r", jurisdiction=jurisdiction, gpu_type=gpu_type, gpu_count=gpus,
-                capacity_class="burst" if kind == "cloud" else "fixed",
-                spot_price_per_gpu_hour=spot if kind == "cloud" else None, egress_per_gb=egress if kind == "cloud" else 0,
-                work_pool=name, store={"kind": "local", "path": f"/tmp/{name}"}, **extra)
-
-
-ONPREM = site("onprem-dc1", kind="onprem", gpus=8)
-CLOUD_EU = site("cloud-eu")
-CLOUD_US = site("cloud-us", jurisdiction="US", price=3.0, spot=0.8)
-CLOUD_V100 = site("cloud-v100", jurisdiction="UK", gpu_type="V100", price=2.0, spot=0.5)
-CLOUD_PRICEY = site("cloud-h100", gpu_type="H100", price=12.0, spot=3.0)
-SITES = [ONPREM, CLOUD_EU, CLOUD_US, CLOUD_V100, CLOUD_PRICEY]
+from hybridtrain.specs.sites import CapacityClass, SitesCatalog
+from tests.fixtures.placement_cases import CLOUD_EU, CLOUD_PRICEY, CLOUD_US, CLOUD_V100, NOW, ONPREM, SITES
+from tests.fixtures.workspaces import ROOT
 
 
 @pytest.fixture(scope="module")

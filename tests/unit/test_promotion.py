@@ -18,8 +18,8 @@ from hybridtrain.governance.signing_key import SigningKey
 from hybridtrain.specs.job import EvaluationSpec, PromotionSpec
 from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.tracking.model_registry import CHAMPION, PREVIOUS, Registry
-from tests.unit.bundles import CHECKPOINT_SHA, DATASETS, make_bundle
-from tests.unit.test_gates import CASES
+from tests.fixtures.bundles import CHECKPOINT_SHA, DATASETS, make_bundle
+from tests.fixtures.gate_cases import CASES
 
 KEY = SigningKey.generate()
 _names = itertools.count()

@@ -163,7 +163,7 @@ def test_the_observed_preemption_rate_comes_from_the_audited_attempts(tmp_path):
     from hybridtrain import stages
     from hybridtrain.governance.audit_log import AuditLog
     from hybridtrain.workspace import Workspace
-    from tests.conftest import make_workspace
+    from tests.fixtures.workspaces import make_workspace
 
     ws = Workspace.resolve(make_workspace(tmp_path / "ws"))
     log = AuditLog.in_workspace(ws.root)

@@ -23,7 +23,7 @@ from hybridtrain.specs.job import ReleaseTargetSpec
 from hybridtrain.specs.sites import SitesCatalog
 from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.storage.object_store import ObjectInfo
-from tests.unit.bundles import make_bundle
+from tests.fixtures.bundles import make_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = SigningKey.generate()
