@@ -24,9 +24,27 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 
-from hybridtrain.errors import HybridtrainError, Problem, SpecError
+from hybridtrain.errors import HybridtrainError, Problem, ReleaseRefused, SpecError
+from hybridtrain.governance.audit_log import AuditHead, AuditLog
+from hybridtrain.governance.ledger import (
+    RUN_RECORD_ARTIFACT,
+    RUN_RECORD_TAG,
+    UNVERSIONED,
+    CostLedger,
+    RunRecord,
+    render_table,
+    write_chart,
+)
+from hybridtrain.governance.promotion import retire, rollback
+from hybridtrain.governance.release import BundleArchive, Releaser, open_targets
+from hybridtrain.governance.signing_key import VerifyKey
+from hybridtrain.specs.job import ReleaseTargetSpec, load_spec
+from hybridtrain.specs.sites import SitesCatalog
+from hybridtrain.storage import open_store
+from hybridtrain.tracking.model_registry import CHAMPION, Registry
 from hybridtrain.workspace import Workspace
 
 console = Console()
@@ -54,7 +72,6 @@ def _actor(actor: str | None) -> str:
 
 
 def _audit_log(ws: Workspace, log: Path | None):
-    from hybridtrain.governance.audit_log import AuditLog
 
     return AuditLog(log) if log is not None else AuditLog.in_workspace(ws.root)
 
@@ -63,7 +80,6 @@ def _audit_log(ws: Workspace, log: Path | None):
 
 
 def _parse_anchor(text: str):
-    from hybridtrain.governance.audit_log import AuditHead
 
     try:
         seq, digest = text.split(":", 1)
@@ -114,9 +130,7 @@ def audit_verify(
 def load_run_records(registry, experiment: str, model: str) -> list:
     """The model's run records stored in MLflow (artifact ``ledger/run_record.json`` of runs tagged
     ``hybridtrain.governance.ledger.model = MODEL``)."""
-    from pydantic import ValidationError
 
-    from hybridtrain.governance.ledger import RUN_RECORD_ARTIFACT, RUN_RECORD_TAG, RunRecord
 
     records = []
     for run_id in registry.tagged_run_ids(experiment, RUN_RECORD_TAG, model):
@@ -138,9 +152,6 @@ def ledger(
     home: HomeOpt = None,
 ) -> None:
     """What each version of MODEL cost: on-prem, on-demand and spot compute, wasted attempts, transfers, storage."""
-    from hybridtrain.governance.ledger import UNVERSIONED, CostLedger, render_table, write_chart
-    from hybridtrain.specs.sites import SitesCatalog
-    from hybridtrain.tracking.model_registry import Registry
 
     try:
         ws = Workspace.resolve(home)
@@ -170,7 +181,6 @@ def ledger(
 
 
 def _read_key(path: Path):
-    from hybridtrain.governance.signing_key import VerifyKey
 
     try:
         return VerifyKey.from_pem(Path(path).read_bytes())
@@ -182,9 +192,7 @@ def _read_key(path: Path):
 
 
 def _target_specs(ws: Workspace, spec: Path | None, tags: dict[str, str], model: str):
-    from pydantic import TypeAdapter, ValidationError
 
-    from hybridtrain.specs.job import ReleaseTargetSpec, load_spec
 
     if spec is not None:
         return load_spec(spec if spec.is_absolute() else ws.root / spec).promotion.release_targets
@@ -201,9 +209,6 @@ def _target_specs(ws: Workspace, spec: Path | None, tags: dict[str, str], model:
 def build_releaser(ws: Workspace, target_specs, public_key: Path | None):
     """The Releaser for a workspace: targets opened from their specs, the bundle archive in the control site's
     store (``HYBRIDTRAIN_CONTROL_SITE`` or the first on-prem site)."""
-    from hybridtrain.governance.release import BundleArchive, Releaser, open_targets
-    from hybridtrain.specs.sites import SitesCatalog
-    from hybridtrain.storage import open_store
 
     key = _read_key(public_key or ws.state_dir / "keys" / "release.pub.pem")
     sites = SitesCatalog.load(ws.sites_file)
@@ -221,9 +226,6 @@ def rollback_command(
     home: HomeOpt = None,
 ) -> None:
     """Move MODEL's champion back to its previous version and re-release that version to every target."""
-    from hybridtrain.errors import ReleaseRefused
-    from hybridtrain.governance.promotion import rollback
-    from hybridtrain.tracking.model_registry import CHAMPION, Registry
 
     try:
         ws = Workspace.resolve(home)
@@ -251,11 +253,8 @@ def retire_command(
     home: HomeOpt = None,
 ) -> None:
     """Remove VERSION of MODEL from every release target and mark it retired; its bundle stays archived."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
-    from hybridtrain.errors import ReleaseRefused
-    from hybridtrain.governance.promotion import retire
-    from hybridtrain.tracking.model_registry import Registry
 
     try:
         ws = Workspace.resolve(home)

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,7 +21,14 @@ from rich.table import Table
 
 from hybridtrain.cli import governance as cli_governance
 from hybridtrain.cli import placement as cli_placement
+from hybridtrain.drill.runner import run_drill
+from hybridtrain.drill.scenarios import check_scenarios
 from hybridtrain.errors import HybridtrainError
+from hybridtrain.placement.policy import Policy
+from hybridtrain.specs.config_file import read_yaml
+from hybridtrain.specs.job import json_schema, load_spec
+from hybridtrain.specs.sites import SitesCatalog
+from hybridtrain.tracking.model_registry import CHAMPION, Registry
 from hybridtrain.workspace import Workspace
 
 app = typer.Typer(
@@ -63,7 +71,6 @@ def fail(exc: HybridtrainError) -> None:
 
 
 def _kind_of(path: Path) -> str:
-    from hybridtrain.specs.config_file import read_yaml
 
     data, _ = read_yaml(path)
     return data.get("kind", "TrainingJob") if isinstance(data, dict) else "TrainingJob"
@@ -75,8 +82,6 @@ def validate(
     home: HomeOpt = None,
 ) -> None:
     """Check files and report every problem with its field path and line."""
-    from hybridtrain.specs.job import load_spec
-    from hybridtrain.specs.sites import SitesCatalog
 
     ws = Workspace.resolve(home)
     failed = 0
@@ -86,7 +91,6 @@ def validate(
             if kind == "SitesCatalog":
                 SitesCatalog.load(f)
             elif kind == "PlacementPolicy":
-                from hybridtrain.placement.policy import Policy
 
                 Policy.load(f)
             else:
@@ -103,7 +107,6 @@ def validate(
 @app.command()
 def schema(out: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")] = None) -> None:
     """Print the JSON Schema of job specs (generated from the models)."""
-    from hybridtrain.specs.job import json_schema
 
     text = json.dumps(json_schema(), indent=2)
     if out:
@@ -117,7 +120,7 @@ def schema(out: Annotated[Path | None, typer.Option(help="Write to this file ins
 
 
 def init_workspace(ws: Workspace) -> None:
-    from hybridtrain import stages
+    from hybridtrain import stages  # lazy: heavy (pandas, numpy)
     sites = ws.load_sites()
     ws.state_dir.mkdir(parents=True, exist_ok=True)
     default = next((s.name for s in sites.sites if s.kind.value == "onprem"), sites.sites[0].name)
@@ -138,8 +141,8 @@ def _pin(spec_file: Path, md5: str) -> bool:
 
 def ensure_sample_data(ws: Workspace, rows: int, seed: int, pin: Path | None) -> tuple[str, bool]:
     """Generate the churn CSV if absent, track it with DVC, push it to the on-prem store."""
-    from hybridtrain import stages
-    from hybridtrain.datasets.sample_data import write_churn_csv
+    from hybridtrain import stages  # lazy: heavy (pandas, numpy)
+    from hybridtrain.datasets.sample_data import write_churn_csv  # lazy: heavy (pandas, numpy)
 
     sites = ws.load_sites()
     site = next((s for s in sites.sites if s.kind.value == "onprem"), sites.sites[0])
@@ -231,7 +234,6 @@ def status(
     home: HomeOpt = None,
 ) -> None:
     """Recent lifecycle runs and each model's champion version and metrics."""
-    from hybridtrain.tracking.model_registry import CHAMPION, Registry
 
     ws = Workspace.resolve(home)
     reg = Registry(ws.tracking_uri, ws.mlflow_artifacts)
@@ -242,7 +244,6 @@ def status(
     t = Table(title="Recent lifecycle runs", title_justify="left")
     for c in ("started (UTC)", "job", "status", "site", "model version", "promoted", "test auc"):
         t.add_column(c)
-    from datetime import UTC, datetime
 
     models = set()
     for r in runs:
@@ -277,8 +278,6 @@ def drill(
     home: HomeOpt = None,
 ) -> None:
     """Failover drill: inject faults into a real training run, measure time to resume (RTO) and lost steps (RPO)."""
-    from hybridtrain.drill.runner import run_drill
-    from hybridtrain.drill.scenarios import check_scenarios
 
     ws = open_workspace(home)
     try:

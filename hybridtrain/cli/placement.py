@@ -149,7 +149,7 @@ def simulate(
     pods: Annotated[Path | None, typer.Option(help="Pod trace CSV (default: data/traces copy).")] = None,
 ) -> None:
     """Replay the pod trace through the placement engine and compare policies (tuned on the first half)."""
-    from hybridtrain.simulation.comparison import run_comparison, write_outputs
+    from hybridtrain.simulation.comparison import run_comparison, write_outputs  # lazy: heavy (numpy)
 
     try:
         runs = [(c, None) for c in capacity or []] + [(None, x) for x in load or []]

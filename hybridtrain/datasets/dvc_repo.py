@@ -117,7 +117,7 @@ class DvcRepo:
         the sites catalog is their source of truth. ``secrets`` maps a remote to its credentials,
         which the returned object holds in memory only. ``scm=None`` uses git when ``root`` is a git repo.
         """
-        from dvc.repo import Repo
+        from dvc.repo import Repo  # lazy: heavy (dvc)
 
         _quiet_dvc()
         root = Path(root).resolve()
@@ -162,7 +162,7 @@ class DvcRepo:
 
     @contextmanager
     def _repo(self) -> Iterator[Any]:
-        from dvc.repo import Repo
+        from dvc.repo import Repo  # lazy: heavy (dvc)
 
         _quiet_dvc()
         with self._locked():
@@ -319,8 +319,8 @@ class DvcRepo:
 def _unreachable_errors() -> tuple[type[BaseException], ...]:
     """Exception types meaning "the remote's endpoint did not answer" (botocore's when S3 is in use)."""
     try:
-        from botocore.exceptions import ConnectionError as BotoConnectionError
-        from botocore.exceptions import HTTPClientError
+        from botocore.exceptions import ConnectionError as BotoConnectionError  # lazy: heavy ()
+        from botocore.exceptions import HTTPClientError  # lazy: heavy ()
     except ImportError:
         return (ConnectionError, TimeoutError)
     return (ConnectionError, TimeoutError, BotoConnectionError, HTTPClientError)

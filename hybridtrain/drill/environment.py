@@ -13,8 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hybridtrain.datasets.dvc_repo import DvcRepo
+from hybridtrain.drill.report import BATCH_SIZE, DEFAULT_STEPS, EPOCHS, JOB, LABEL, VAL_ROWS, ScenarioResult
 from hybridtrain.drill.timeline import WAIT_S, DrillFailed, Timeline, wait_until
+from hybridtrain.drill.worker import BEACON_FILE, Beacon
 from hybridtrain.errors import HybridtrainError, Problem, SpecError
+from hybridtrain.remote.job_bundle import JobBundle
+from hybridtrain.specs.job import parse_spec
+from hybridtrain.specs.sites import DVC_SUBDIR
+from hybridtrain.storage.local import LocalObjectStore
+from hybridtrain.tracking.lineage import code_version
 from hybridtrain.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -27,14 +35,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-from hybridtrain.drill.report import BATCH_SIZE, DEFAULT_STEPS, EPOCHS, JOB, LABEL, VAL_ROWS, ScenarioResult
-
 # -- the drill's job and data --------------------------------------------------------------------
 
 
 def drill_spec(steps: int, interval: int, data_site: str) -> JobSpec:
     """The drill's job: a small MLP on ``drill_frame``; ``steps`` per run in ``EPOCHS`` epochs of ``BATCH_SIZE`` rows."""
-    from hybridtrain.specs.job import parse_spec
 
     return parse_spec({
         "apiVersion": "hybridtrain/v1",
@@ -54,8 +59,8 @@ def drill_spec(steps: int, interval: int, data_site: str) -> JobSpec:
 
 def drill_frame(train_rows: int, val_rows: int = VAL_ROWS, seed: int = 11) -> pd.DataFrame:
     """Deterministic churn-like rows a small model can learn, with ``split`` and ``partition`` columns."""
-    import numpy as np
-    import pandas as pd
+    import numpy as np  # lazy: heavy (numpy)
+    import pandas as pd  # lazy: heavy (pandas)
 
     n = train_rows + val_rows
     rng = np.random.default_rng(seed)
@@ -119,7 +124,6 @@ class Launch:
     started_at: float
 
     def beacon(self) -> Any:
-        from hybridtrain.drill.worker import BEACON_FILE, Beacon
 
         return Beacon.read(self.bundle_dir / BEACON_FILE)
 
@@ -140,14 +144,14 @@ class Launch:
             self.proc.wait(timeout=30)
 
     def result(self) -> Any:
-        from hybridtrain.remote.host_training import RESULT_DIR, RESULT_FILE, HostResult
+        from hybridtrain.remote.host_training import RESULT_DIR, RESULT_FILE, HostResult  # lazy: heavy (torch, pandas)
 
         return HostResult.model_validate_json((self.bundle_dir / RESULT_DIR / RESULT_FILE).read_text())
 
     def state_dict(self) -> dict[str, Any]:
-        import torch
+        import torch  # lazy: heavy (torch)
 
-        from hybridtrain.remote.host_training import MODEL_FILE, RESULT_DIR
+        from hybridtrain.remote.host_training import MODEL_FILE, RESULT_DIR  # lazy: heavy (torch, pandas)
 
         return torch.load(self.bundle_dir / RESULT_DIR / MODEL_FILE, map_location="cpu", weights_only=True)[
             "state_dict"]
@@ -164,7 +168,6 @@ class DrillEnv:
 
     def __init__(self, ws: Workspace, scratch: Path, out: Path, stamp: str, steps: int, interval: int | None,
                  say: Callable[[str], None]):
-        from hybridtrain.tracking.lineage import code_version
 
         self.ws = ws
         self.scratch = scratch
@@ -194,8 +197,7 @@ class DrillEnv:
 
     def repo(self) -> DvcRepo:
         """The drill's DVC repo (in the scratch directory), with a remote per site it uses."""
-        from hybridtrain import stages
-        from hybridtrain.datasets.dvc_repo import DvcRepo
+        from hybridtrain import stages  # lazy: heavy (pandas, numpy)
 
         remotes = {**stages.remotes_for(self.ws, self.sites), **self.extra_remotes}
         secrets = {**stages.remote_secrets_for(self.sites), **self.extra_secrets}
@@ -205,7 +207,7 @@ class DrillEnv:
 
     def prepare(self) -> None:
         """Write the drill's dataset, track it with DVC, push it to the primary site, train the reference."""
-        from hybridtrain.datasets import partitioned
+        from hybridtrain.datasets import partitioned  # lazy: heavy (pandas, numpy)
         started = time.perf_counter()
         repo = self.repo()
         rel = f"data/approved/{JOB}"
@@ -225,7 +227,6 @@ class DrillEnv:
         if site.name in self.pushed:
             return
         if extra:
-            from hybridtrain.specs.sites import DVC_SUBDIR
 
             self.extra_remotes[site.dvc_remote] = site.dvc_remote_config(self.ws.root, DVC_SUBDIR)
             if secrets := site.dvc_remote_secrets():
@@ -240,13 +241,12 @@ class DrillEnv:
         return self._frames
 
     def trainer(self, store: CheckpointStore) -> Any:
-        from hybridtrain.training.trainer import Trainer
+        from hybridtrain.training.trainer import Trainer  # lazy: heavy (torch, pandas)
 
         return Trainer(self.spec.model, self.spec.checkpoint, store, LABEL, device="cpu", threads=1, job=JOB)
 
     def _train_reference(self) -> Reference:
-        from hybridtrain.storage.local import LocalObjectStore
-        from hybridtrain.training.checkpoint import CheckpointStore
+        from hybridtrain.training.checkpoint import CheckpointStore  # lazy: heavy (torch, numpy)
 
         counter = StepCounter()
         store = CheckpointStore(LocalObjectStore(self.scratch / "reference"), "reference")
@@ -257,7 +257,7 @@ class DrillEnv:
                          seconds_per_step=counter.seconds_per_step or seconds / max(1, result.global_step))
 
     def matches_reference(self, state: dict[str, Any]) -> bool:
-        import torch
+        import torch  # lazy: heavy (torch)
 
         ref = self.reference.state if self.reference is not None else {}
         return state.keys() == ref.keys() and all(torch.equal(state[k], ref[k]) for k in ref)
@@ -266,8 +266,8 @@ class DrillEnv:
 
     def store(self, site: Site, run_key: str, ws: Workspace | None = None) -> CheckpointStore:
         """The run's checkpoints in ``site``'s store (the one the train stage and the host job use)."""
-        from hybridtrain import stages
-        from hybridtrain.training.checkpoint import CheckpointStore
+        from hybridtrain import stages  # lazy: heavy (pandas, numpy)
+        from hybridtrain.training.checkpoint import CheckpointStore  # lazy: heavy (torch, numpy)
 
         objects = stages.checkpoint_store(ws or self.ws, site)
         self.run_keys.append((objects, run_key))
@@ -293,8 +293,7 @@ class DrillEnv:
 
     def launch(self, site: Site, run_key: str, name: str, ws: Workspace | None = None) -> Launch:
         """Start ``python -m hybridtrain.drill.worker`` on a job bundle for ``site`` (CPU only)."""
-        from hybridtrain.remote.job_bundle import JobBundle
-        from hybridtrain.remote.remote_training import portable_site
+        from hybridtrain.remote.remote_training import portable_site  # lazy: heavy (torch, paramiko)
 
         assert self.approved is not None
         host_dir = self.scratch / "hosts" / site.name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -15,14 +16,14 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+from hybridtrain.drill.processes import stop_with_children
+from hybridtrain.drill.timeline import DrillFailed
+from hybridtrain.specs.sites import SshHost
 
+if TYPE_CHECKING:
     from hybridtrain.specs.sites import SshHost
 
 log = logging.getLogger(__name__)
-
-from hybridtrain.drill.processes import stop_with_children
-from hybridtrain.drill.timeline import DrillFailed
 
 # -- loopback servers the drill starts ------------------------------------------------------------
 
@@ -41,8 +42,12 @@ class LoopbackS3:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-        from werkzeug.serving import make_server
+        from moto.moto_server.werkzeug_app import (  # lazy: heavy (moto)
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
+        from werkzeug.serving import make_server  # lazy: heavy (werkzeug)
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
@@ -109,9 +114,7 @@ class LoopbackSshd:
         Starting again with the same ``d`` and port brings "the same host" back: same host key,
         authorized key and working directory. The login user is whoever runs the drill.
         """
-        import pwd
 
-        from hybridtrain.specs.sites import SshHost
 
         d.mkdir(parents=True, exist_ok=True)
         for name in ("host_key", "user_key"):

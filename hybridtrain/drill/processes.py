@@ -10,13 +10,8 @@ import time
 from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from hybridtrain.drill.timeline import wait_until
-
-if TYPE_CHECKING:
-
-    pass
 
 log = logging.getLogger(__name__)
 

@@ -6,13 +6,9 @@ import logging
 import os
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
-
-if TYPE_CHECKING:
-
-    pass
 
 log = logging.getLogger(__name__)
 

@@ -65,20 +65,15 @@ import traceback
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from hybridtrain.drill.timeline import DrillFailed, Skipped, Timeline
-from hybridtrain.workspace import Workspace
-
-if TYPE_CHECKING:
-
-    pass
-
-log = logging.getLogger(__name__)
 
 from hybridtrain.drill.environment import DrillEnv, plan_steps
 from hybridtrain.drill.report import DEFAULT_STEPS, EXPERIMENT, DrillReport, ScenarioResult
 from hybridtrain.drill.scenarios import SCENARIOS, check_scenarios
+from hybridtrain.drill.timeline import DrillFailed, Skipped, Timeline
+from hybridtrain.tracking.model_registry import Registry
+from hybridtrain.workspace import Workspace
+
+log = logging.getLogger(__name__)
 
 # -- running a drill ----------------------------------------------------------------------------------
 
@@ -193,7 +188,6 @@ class _LogCapture(logging.Handler):
 
 def record_in_mlflow(ws: Workspace, report: DrillReport, directory: Path) -> str:
     """One run in experiment ``hybridtrain-drills``: per-scenario RTO/RPO metrics, the report files as artifacts."""
-    from hybridtrain.tracking.model_registry import Registry
 
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
     run_id = registry.start_run(EXPERIMENT, f"drill-{report.started_at.strftime('%Y%m%dT%H%M%SZ')}", {

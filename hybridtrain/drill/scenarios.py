@@ -13,20 +13,27 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hybridtrain.drill.timeline import WAIT_S, DrillFailed, Skipped, Timeline, require
-from hybridtrain.errors import Problem, SpecError
-from hybridtrain.plugins import PluginRegistry
-
-if TYPE_CHECKING:
-
-    from hybridtrain.training.checkpoint import CheckpointStore
-
-log = logging.getLogger(__name__)
+import yaml
 
 from hybridtrain.drill.environment import DrillEnv, StepCounter
 from hybridtrain.drill.loopback import LoopbackS3, LoopbackSshd
 from hybridtrain.drill.processes import kill_host_job
 from hybridtrain.drill.report import DRILL_SSH_TIMEOUTS, JOB, ScenarioResult
+from hybridtrain.drill.timeline import WAIT_S, DrillFailed, Skipped, Timeline, require
+from hybridtrain.errors import EXIT_PREEMPTED, Problem, SiteUnavailable, SpecError
+from hybridtrain.placement.engine import Placement
+from hybridtrain.placement.policy import Policy
+from hybridtrain.placement.request import ResourceRequest
+from hybridtrain.plugins import PluginRegistry
+from hybridtrain.remote.site_health import check_site, unavailable
+from hybridtrain.specs.job import Sensitivity
+from hybridtrain.specs.sites import LocalStore, S3Store, Site, SitesCatalog
+from hybridtrain.training.preemption import PreemptionReport
+
+if TYPE_CHECKING:
+    from hybridtrain.training.checkpoint import CheckpointStore
+
+log = logging.getLogger(__name__)
 
 # -- scenarios: the registry -------------------------------------------------------------------
 
@@ -82,9 +89,7 @@ def kill_9(env: DrillEnv, res: ScenarioResult, tl: Timeline) -> None:
 @SCENARIOS.register("preempt")
 def preempt(env: DrillEnv, res: ScenarioResult, tl: Timeline) -> None:
     """SIGTERM: checkpoint within the grace, exit 75, checkpoint moved to another site, resumed there."""
-    from hybridtrain import stages
-    from hybridtrain.errors import EXIT_PREEMPTED
-    from hybridtrain.training.preemption import PreemptionReport
+    from hybridtrain import stages  # lazy: heavy (pandas, numpy)
 
     site, other = env.primary, env.secondary
     if other is None:
@@ -162,14 +167,12 @@ def flip_bytes(store: CheckpointStore, key: str, count: int = 64) -> None:
 @SCENARIOS.register("s3-down")
 def s3_down(env: DrillEnv, res: ScenarioResult, tl: Timeline) -> None:
     """The S3 server stops right before a checkpoint's manifest upload; the retried stage resumes once it is back."""
-    from hybridtrain.errors import SiteUnavailable
-    from hybridtrain.training.checkpoint import CheckpointStore
+    from hybridtrain.training.checkpoint import CheckpointStore  # lazy: heavy (torch, numpy)
 
     try:
-        import boto3
+        import boto3  # lazy: heavy (boto3)
 
-        from hybridtrain.specs.sites import S3Store
-        from hybridtrain.storage.s3 import S3ObjectStore, S3Options
+        from hybridtrain.storage.s3 import S3ObjectStore, S3Options  # lazy: heavy (boto3)
     except ImportError as exc:
         raise Skipped(f"boto3 is not installed ({exc}); pip install boto3") from None
     server = LoopbackS3()
@@ -244,16 +247,9 @@ def s3_down(env: DrillEnv, res: ScenarioResult, tl: Timeline) -> None:
 @SCENARIOS.register("ssh-down")
 def ssh_down(env: DrillEnv, res: ScenarioResult, tl: Timeline) -> None:
     """sshd stopped mid-run: health check, placement elsewhere, checkpoint moved, resumed at the next site."""
-    from hybridtrain import stages
-    from hybridtrain.errors import SiteUnavailable
-    from hybridtrain.placement.engine import Placement
-    from hybridtrain.placement.policy import Policy
-    from hybridtrain.placement.request import ResourceRequest
-    from hybridtrain.remote.remote_training import ssh_train
-    from hybridtrain.remote.site_health import check_site, unavailable
-    from hybridtrain.remote.ssh_site import Timeouts
-    from hybridtrain.specs.job import Sensitivity
-    from hybridtrain.specs.sites import LocalStore, Site, SitesCatalog
+    from hybridtrain import stages  # lazy: heavy (pandas, numpy)
+    from hybridtrain.remote.remote_training import ssh_train  # lazy: heavy (torch, paramiko)
+    from hybridtrain.remote.ssh_site import Timeouts  # lazy: heavy (paramiko)
 
     missing = LoopbackSshd.missing()
     if missing:
@@ -266,7 +262,6 @@ def ssh_down(env: DrillEnv, res: ScenarioResult, tl: Timeline) -> None:
                  work_pool="drill", store=LocalStore(path=str(env.scratch / "store-ssh-b")))
         catalog = SitesCatalog(apiVersion="hybridtrain/v1", sites=(a, b))
         sites_file = env.scratch / "sites-ssh.yaml"
-        import yaml
 
         sites_file.write_text(yaml.safe_dump(catalog.model_dump(mode="json"), sort_keys=False))
         ws = dataclasses.replace(env.ws, sites_file=sites_file, secrets=None)

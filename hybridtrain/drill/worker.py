@@ -96,7 +96,7 @@ class StepBeacon(PreemptionNotice):
 
 def main(argv: list[str] | None = None) -> int:
     """``host_training.main`` with a ``StepBeacon`` in place of the plain notice."""
-    from hybridtrain.remote import host_training
+    from hybridtrain.remote import host_training  # lazy: heavy (torch, pandas)
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m hybridtrain.drill.worker BUNDLE_DIR", file=sys.stderr)

@@ -247,7 +247,7 @@ def thresholds(g: GateInputs) -> GateResult:
 
 @GATES.register("not_worse")
 def not_worse(g: GateInputs) -> GateResult:
-    from hybridtrain.training.evaluation import compare
+    from hybridtrain.training.evaluation import compare  # lazy: heavy (torch, pandas)
 
     primary = g.evaluation.primary_metric
     evidence = {"primary_metric": primary, "min_improvement": g.evaluation.min_improvement,

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from rich.table import Table
 
 from hybridtrain.datasets.transfer import TransferRecord
 from hybridtrain.errors import Problem, SpecError
@@ -259,7 +260,6 @@ class CostLedger:
 
 def render_table(ledger: ModelLedger) -> Table:
     """The ledger as a rich table: one row per version, then the totals."""
-    from rich.table import Table
 
     table = Table(title=f"Cost ledger of {ledger.model} (USD)", title_justify="left")
     for col in ("version", "runs", "last run (UTC)", "GPU-h", "on-prem", "on-demand", "spot", "wasted", "transfer",
@@ -279,8 +279,8 @@ def render_table(ledger: ModelLedger) -> Table:
 
 def write_chart(ledger: ModelLedger, path: Path | str) -> Path:
     """A PNG of the cost of each version, stacked by category, versions in time order."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: heavy (matplotlib)
+    from matplotlib.figure import Figure  # lazy: heavy (matplotlib)
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,7 @@ from hybridtrain.governance.bundle import ModelBundle
 from hybridtrain.governance.signing_key import VerifyKey
 from hybridtrain.plugins import PluginRegistry
 from hybridtrain.specs.job import MODEL_NAME_RE, ReleaseTargetSpec
+from hybridtrain.storage import open_store
 from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.storage.object_store import ObjectStore
 
@@ -341,7 +342,6 @@ class ObjectStoreTarget(_Target):
     @classmethod
     def open(cls, target: ReleaseTargetSpec, *, root: Path, sites: SitesCatalog | None,
              trusted_key: VerifyKey) -> ObjectStoreTarget:
-        from hybridtrain.storage import open_store
 
         if target.site is None or sites is None:
             raise SpecError("job spec", [Problem("promotion.release_targets",

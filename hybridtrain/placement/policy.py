@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hybridtrain.errors import Problem, SpecError
 from hybridtrain.placement.request import DataTier, ResourceRequest
+from hybridtrain.placement.strategy import STRATEGIES
 from hybridtrain.specs.config_file import load_model, validate_data
 from hybridtrain.specs.job import Sensitivity
 from hybridtrain.specs.sites import NAME_RE, CapacityClass, Site, SiteKind, SitesCatalog
@@ -209,7 +210,6 @@ class Policy(Strict):
 
     def check(self, sites: SitesCatalog | None = None) -> list[Problem]:
         """Cross-field rules the field types cannot express."""
-        from hybridtrain.placement.strategy import STRATEGIES
 
         p: list[Problem] = []
         if self.default_strategy not in STRATEGIES:
@@ -270,7 +270,6 @@ class Policy(Strict):
 
     def strategy(self, name: str | None = None) -> Strategy:
         """The named strategy (default: ``default_strategy``) with this policy's options for it."""
-        from hybridtrain.placement.strategy import STRATEGIES
 
         name = name or self.default_strategy
         return STRATEGIES.create(name, **self.strategy_options.get(name, {}))

@@ -141,9 +141,9 @@ def probe_ssh(
     timeout_s: float = PROBE_TIMEOUT_S,
 ) -> HealthCheck:
     """Log in to ``host`` (pinned host key, the block's key) and run ``true``."""
-    import paramiko
+    import paramiko  # lazy: heavy (paramiko)
 
-    from hybridtrain.remote.ssh_site import SshSite, Timeouts, known_hosts_name
+    from hybridtrain.remote.ssh_site import SshSite, Timeouts, known_hosts_name  # lazy: heavy (paramiko)
 
     name = f"ssh {host.username}@{known_hosts_name(host.hostname, host.port)}"
     # Each step gets the whole budget; probe() bounds the sum.
@@ -208,7 +208,7 @@ def probe_workers(pool: str, workers_online: int | None) -> HealthCheck | None:
 def site_store(site: Site, root: Path, *, timeout_s: float = PROBE_TIMEOUT_S) -> ObjectStore:
     """The site's store opened for probing: an S3 store gets short timeouts and no retries."""
     if isinstance(site.store, S3Store):
-        from hybridtrain.storage.s3 import S3ObjectStore, S3Options
+        from hybridtrain.storage.s3 import S3ObjectStore, S3Options  # lazy: heavy (boto3)
 
         fast = S3Options(connect_timeout_s=timeout_s, read_timeout_s=timeout_s, request_attempts=1, attempts=1)
         return S3ObjectStore(site.store, site=site.name, options=fast)

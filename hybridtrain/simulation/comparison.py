@@ -263,10 +263,10 @@ def run_comparison(capacity: int | None = None, *, load: float | None = None, se
 
 def write_outputs(reports: Sequence[Report], out: Path | str) -> list[Path]:
     """``comparison.json``, ``comparison.csv`` and ``comparison.png`` under ``out``."""
-    import matplotlib
+    import matplotlib  # lazy: heavy (matplotlib)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: heavy (matplotlib)
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -13,14 +13,14 @@ from hybridtrain.workspace import Workspace
 if TYPE_CHECKING:
     pass
 
+from hybridtrain.datasets.anonymizer import Anonymizer
+from hybridtrain.datasets.leak_scan import LeakScan
 from hybridtrain.stages.results import AnonymizeResult
 from hybridtrain.stages.site_access import audit, dataset_at, workspace_repo
 
 
 def anonymize(ws: Workspace, spec: JobSpec, curated: DatasetVersion, key: bytes) -> AnonymizeResult:
     """Curated → approved: treatments, k-anonymity, sampling, then a leak scan of what was written."""
-    from hybridtrain.datasets.anonymizer import Anonymizer
-    from hybridtrain.datasets.leak_scan import LeakScan
 
     started = time.perf_counter()
     sites = ws.load_sites()
@@ -37,7 +37,7 @@ def anonymize(ws: Workspace, spec: JobSpec, curated: DatasetVersion, key: bytes)
     approved_path = ws.tier_path("approved", spec.name)
     written = partitioned.write(approved_frame, ws.path(approved_path), sort_by=None)
     # Scan exactly the bytes that may leave: the files as written, read back.
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: heavy (pyarrow)
 
     leak = None
     for f in written:

@@ -16,6 +16,8 @@ from hybridtrain.workspace import Workspace
 if TYPE_CHECKING:
     pass
 
+from hybridtrain.placement.policy import Policy, capacity_options
+from hybridtrain.placement.request import request_from_spec
 from hybridtrain.stages.results import SyncResult
 from hybridtrain.stages.site_access import audit, workspace_repo
 
@@ -23,8 +25,6 @@ from hybridtrain.stages.site_access import audit, workspace_repo
 def check_destination(ws: Workspace, spec: JobSpec, approved: DatasetVersion, destination: str,
                       sites: SitesCatalog) -> None:
     """Refuse to send ``spec``'s data to a site the placement policy does not allow for it."""
-    from hybridtrain.placement.policy import Policy, capacity_options
-    from hybridtrain.placement.request import request_from_spec
 
     policy = Policy.load(ws.policy_file, sites)
     request = request_from_spec(spec, dataset_bytes=approved.size, now=datetime.now(UTC))

@@ -16,12 +16,12 @@ if TYPE_CHECKING:
 
 from hybridtrain.stages.results import EvaluateResult
 from hybridtrain.stages.site_access import dataset_at
+from hybridtrain.training.featurizer import Featurizer
 
 
 def evaluate(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, model_uri: str) -> EvaluateResult:
     """Test-set metrics of the candidate and of the current champion, on the same rows."""
-    from hybridtrain.training import evaluation
-    from hybridtrain.training.featurizer import Featurizer
+    from hybridtrain.training import evaluation  # lazy: heavy (torch, scipy)
 
     started = time.perf_counter()
     sites = ws.load_sites()

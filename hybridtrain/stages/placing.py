@@ -16,6 +16,13 @@ from hybridtrain.workspace import Workspace
 if TYPE_CHECKING:
     pass
 
+from concurrent.futures import ThreadPoolExecutor
+
+from hybridtrain.placement.duration_estimator import HistoryQuantile
+from hybridtrain.placement.engine import Placement
+from hybridtrain.placement.policy import Policy
+from hybridtrain.placement.request import request_from_spec
+from hybridtrain.remote.site_health import check_site
 from hybridtrain.stages.site_access import audit
 
 M = TypeVar("M", bound=BaseModel)
@@ -62,7 +69,6 @@ def estimate_run_hours(ws: Workspace, spec: JobSpec) -> float | None:
     """The engine's own run-time estimate for ``spec``: a high quantile of what this job's recent
     training runs took (MLflow metric ``train_seconds``), capped by its declared limit; None
     (use the declared limit) until three runs have finished."""
-    from hybridtrain.placement.duration_estimator import HistoryQuantile
 
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
     runs = registry.job_runs(ws.experiment, spec.name, limit=50)
@@ -82,9 +88,6 @@ def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, queues: dict | None,
     ``unavailable`` (site → reason: failed health checks, a site that just lost the run) is left out
     of this decision; when it leaves no site the policy allows, ``NoFeasiblePlacement`` says so.
     """
-    from hybridtrain.placement.engine import Placement
-    from hybridtrain.placement.policy import Policy
-    from hybridtrain.placement.request import request_from_spec
 
     sites = ws.load_sites()
     policy = Policy.load(ws.policy_file, sites)
@@ -116,9 +119,7 @@ def site_health(ws: Workspace, workers_online: Callable[[str], int | None] | Non
     """Health of every site in the catalog (``site_health.check_site``): its SSH hosts with the key
     its block holds, its store, and — when ``workers_online`` (pool → live workers) is given — its
     pool's worker heartbeat. Probes run in parallel threads, each bounded by ``timeout_s``."""
-    from concurrent.futures import ThreadPoolExecutor
 
-    from hybridtrain.remote.site_health import check_site
 
     sites = ws.load_sites()
 

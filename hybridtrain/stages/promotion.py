@@ -18,14 +18,21 @@ from hybridtrain.workspace import Workspace
 if TYPE_CHECKING:
     pass
 
+from hybridtrain.errors import GateFailed
+from hybridtrain.governance import promotion
+from hybridtrain.governance.audit_log import AuditLog
+from hybridtrain.governance.bundle import BundleDataset, ModelBundle
+from hybridtrain.governance.gates import GateInputs, evaluate_gates
+from hybridtrain.governance.ledger import AttemptRecord, CostLedger, RunRecord, StorageRecord
+from hybridtrain.governance.release import BundleArchive, Releaser, open_targets
+from hybridtrain.governance.signing_key import SigningKey
 from hybridtrain.stages.results import EvaluateResult, PromoteResult, TrainOutput
 from hybridtrain.stages.site_access import control_site
+from hybridtrain.storage import open_store
 
 
 def releaser_for(ws: Workspace, spec: JobSpec, sites: SitesCatalog, trusted_key: Any) -> Any:
     """The spec's release targets (each trusting ``trusted_key``) and the bundle archive at the control site."""
-    from hybridtrain.governance.release import BundleArchive, Releaser, open_targets
-    from hybridtrain.storage import open_store
 
     control = control_site(ws, sites)
     archive = BundleArchive(open_store(control.store, ws.root, "bundles", site=control.name))
@@ -48,7 +55,6 @@ def run_record(ws: Workspace, spec: JobSpec, run_id: str, version: str | None, t
                capacity_class: str, transfers: list[TransferRecord], model_bytes: int) -> Any:
     """What this lifecycle run consumed, for the cost ledger: every training attempt (the wasted ones
     too), every crossing, and the bytes it left in storage."""
-    from hybridtrain.governance.ledger import AttemptRecord, RunRecord, StorageRecord
 
     sites = ws.load_sites()
     attempts = [*trained.attempts, AttemptRecord(site=trained.site, capacity_class=capacity_class,
@@ -70,15 +76,8 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
     A gate saying no is a normal outcome (the version stays registered, the alias where it was);
     each gate's verdict is recorded on the version and in the audit log.
     """
-    import mlflow
+    import mlflow  # lazy: heavy (mlflow)
 
-    from hybridtrain.errors import GateFailed
-    from hybridtrain.governance import promotion
-    from hybridtrain.governance.audit_log import AuditLog
-    from hybridtrain.governance.bundle import BundleDataset, ModelBundle
-    from hybridtrain.governance.gates import GateInputs, evaluate_gates
-    from hybridtrain.governance.ledger import CostLedger
-    from hybridtrain.governance.signing_key import SigningKey
 
     started = time.perf_counter()
     sites = ws.load_sites()

@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hybridtrain.datasets.dvc_repo import DatasetVersion, DvcRepo
+from hybridtrain.governance.audit_log import AuditLog
 from hybridtrain.specs.sites import CHECKPOINT_SUBDIR, DVC_SUBDIR, Site, SitesCatalog
+from hybridtrain.storage import open_store
 from hybridtrain.storage.object_store import ObjectStore
 from hybridtrain.workspace import Workspace
 
@@ -20,7 +22,6 @@ if TYPE_CHECKING:
 
 def audit(ws: Workspace) -> Any:
     """The workspace's append-only audit log."""
-    from hybridtrain.governance.audit_log import AuditLog
 
     return AuditLog.in_workspace(ws.root)
 
@@ -64,7 +65,6 @@ def site_repo(ws: Workspace, site: Site) -> DvcRepo:
 
 def checkpoint_store(ws: Workspace, site: Site) -> ObjectStore:
     """The site's object store (checkpoints, artifacts) as an ObjectStore: a directory or an S3 bucket."""
-    from hybridtrain.storage import open_store
 
     return open_store(site.store, ws.root, CHECKPOINT_SUBDIR, site=site.name)
 

@@ -43,8 +43,8 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     after ``move_checkpoint``. ``preemptions_per_hour`` (the site's observed rate) sets the
     interval of ``checkpoint.auto_interval``.
     """
-    from hybridtrain.training.checkpoint import CheckpointStore
-    from hybridtrain.training.trainer import Trainer
+    from hybridtrain.training.checkpoint import CheckpointStore  # lazy: heavy (torch)
+    from hybridtrain.training.trainer import Trainer  # lazy: heavy (torch, scipy)
 
     started = time.perf_counter()
     sites = ws.load_sites()
@@ -57,7 +57,7 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     if ssh is None and s.hosts and ws.secrets is not None:
         secret = ws.secrets.get(site)
         if secret is not None and secret.has_ssh:
-            from hybridtrain.remote.ssh_site import SshCredentials
+            from hybridtrain.remote.ssh_site import SshCredentials  # lazy: heavy (paramiko)
 
             ssh = SshCredentials(private_key=secret.ssh_private_key, known_hosts=secret.ssh_known_hosts or "")
     if s.hosts and ssh is None:
@@ -65,13 +65,13 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
             f"{site}.ssh_private_key", f"site {site} trains on SSH hosts but its block holds no SSH key: "
             f"run `hybridtrain credentials {site} --ssh-key FILE --known-hosts FILE`")])
     if ssh is not None:
-        from hybridtrain.remote.remote_training import ssh_train
+        from hybridtrain.remote.remote_training import ssh_train  # lazy: heavy (torch, paramiko)
 
         if not s.hosts:
             raise SpecError("sites catalog", [Problem(f"sites.{site}.hosts", "SSH credentials were given but the "
                                                                               "site lists no hosts to train on")])
         job_id = re.sub(r"[^A-Za-z0-9._-]", "-", f"{spec.name}-{run_key}")[:128]
-        from hybridtrain.remote.ssh_site import Timeouts
+        from hybridtrain.remote.ssh_site import Timeouts  # lazy: heavy (paramiko)
 
         host = s.hosts[0]
         files = ssh_train(ws, spec, approved, s, host, ssh.private_key, ssh.known_hosts, run_key, job_id,
@@ -140,7 +140,7 @@ def move_checkpoint(ws: Workspace, spec: JobSpec, run_key: str, source: str,
     checkpoint of the run (it starts afresh) or the sites are the same; a record with 0 bytes
     when ``destination`` already had it. ``SiteUnavailable`` when either store cannot be reached.
     """
-    from hybridtrain.training.checkpoint import CheckpointStore
+    from hybridtrain.training.checkpoint import CheckpointStore  # lazy: heavy (torch)
 
     if source == destination:
         return None
@@ -174,7 +174,7 @@ def observed_preemption_rate(ws: Workspace, site: str, min_hours: float = 1.0) -
 def checkpoint_sites(ws: Workspace, spec: JobSpec, run_key: str) -> dict[str, int]:
     """Site → step of the newest complete checkpoint of ``run_key`` in its store (sites holding one,
     and reachable now). A resubmitted run uses it to find where its training got to."""
-    from hybridtrain.training.checkpoint import CheckpointStore
+    from hybridtrain.training.checkpoint import CheckpointStore  # lazy: heavy (torch)
 
     out = {}
     for site in ws.load_sites().sites:

@@ -26,7 +26,7 @@ def open_store(
     """
     if isinstance(store, S3Store):
         # Imported only for an S3 store: boto3 is heavy, and a directory store never needs it.
-        from hybridtrain.storage.s3 import S3ObjectStore
+        from hybridtrain.storage.s3 import S3ObjectStore  # lazy: heavy (boto3)
 
         return S3ObjectStore(store, subdir, site=site)
     base = Path(store.path)

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ class Registry:
 
     def __init__(self, tracking_uri: str, artifact_root: Path | str | None = None):
         _quiet()
-        from mlflow import MlflowClient
+        from mlflow import MlflowClient  # lazy: heavy (mlflow)
 
         self.tracking_uri = tracking_uri
         self.artifact_root = Path(artifact_root) if artifact_root else None
@@ -73,7 +74,7 @@ class Registry:
         location = None
         if self.artifact_root is not None:
             location = (self.artifact_root / name).resolve().as_uri()
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
         try:
             return self.client.create_experiment(name, artifact_location=location)
@@ -91,15 +92,14 @@ class Registry:
         self.client.set_terminated(run_id, status=status)
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
-        from mlflow.entities import Param
+        from mlflow.entities import Param  # lazy: heavy (mlflow)
 
         if params:
             self.client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int | None = None) -> None:
-        import time
 
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # lazy: heavy (mlflow)
 
         now = int(time.time() * 1000)
         rows = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v is not None]
@@ -107,7 +107,7 @@ class Registry:
             self.client.log_batch(run_id, metrics=rows)
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
-        from mlflow.entities import RunTag
+        from mlflow.entities import RunTag  # lazy: heavy (mlflow)
 
         if tags:
             self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
@@ -116,7 +116,7 @@ class Registry:
         self.client.log_text(run_id, text, artifact_file)
 
     def read_text(self, run_id: str, artifact_file: str) -> str:
-        import mlflow
+        import mlflow  # lazy: heavy (mlflow)
 
         mlflow.set_tracking_uri(self.tracking_uri)
         with tempfile.TemporaryDirectory() as tmp:
@@ -138,7 +138,7 @@ class Registry:
 
     def artifact_bytes(self, artifact_uri: str) -> int:
         """Total size of the files under an artifact URI."""
-        import mlflow
+        import mlflow  # lazy: heavy (mlflow)
 
         mlflow.set_tracking_uri(self.tracking_uri)
 
@@ -156,7 +156,7 @@ class Registry:
 
     @contextmanager
     def _active(self, run_id: str) -> Iterator[None]:
-        import mlflow
+        import mlflow  # lazy: heavy (mlflow)
 
         mlflow.set_tracking_uri(self.tracking_uri)
         mlflow.set_registry_uri(self.tracking_uri)
@@ -166,9 +166,9 @@ class Registry:
     def log_dataset(self, run_id: str, *, name: str, digest: str, source: str, context: str,
                     tags: dict[str, str]) -> None:
         """Record a dataset version as a run input (mlflow.data) whose source is its DVC object."""
-        import mlflow
-        from mlflow.data.dataset_source_registry import resolve_dataset_source
-        from mlflow.data.meta_dataset import MetaDataset
+        import mlflow  # lazy: heavy (mlflow)
+        from mlflow.data.dataset_source_registry import resolve_dataset_source  # lazy: heavy (mlflow)
+        from mlflow.data.meta_dataset import MetaDataset  # lazy: heavy (mlflow)
 
         with warnings.catch_warnings():
             # A local path matches two equivalent local-source classes; MLflow warns and picks one.
@@ -181,11 +181,11 @@ class Registry:
     # -- models ------------------------------------------------------------------------------
 
     def log_model(self, run_id: str, model: Any, featurizer: dict[str, Any], n_features: int) -> ModelRef:
-        import mlflow
-        import mlflow.pytorch
-        import numpy as np
-        import torch
-        from mlflow.models import infer_signature
+        import mlflow  # lazy: heavy (mlflow)
+        import mlflow.pytorch  # lazy: heavy (mlflow)
+        import numpy as np  # lazy: heavy (numpy)
+        import torch  # lazy: heavy (torch)
+        from mlflow.models import infer_signature  # lazy: heavy (mlflow)
 
         example = np.zeros((2, n_features), dtype=np.float32)
         with torch.no_grad():
@@ -211,7 +211,7 @@ class Registry:
         return ModelRef(model_uri=info.model_uri, model_id=getattr(info, "model_id", None))
 
     def register(self, model_uri: str, name: str, run_id: str, tags: dict[str, Any]) -> VersionInfo:
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
         try:
             self.client.get_registered_model(name)
@@ -231,7 +231,7 @@ class Registry:
         return self._info(self.client.get_model_version(name, str(version)))
 
     def by_alias(self, name: str, alias: str) -> VersionInfo | None:
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
         try:
             mv = self.client.get_model_version_by_alias(name, alias)
@@ -257,7 +257,7 @@ class Registry:
 
     def delete_alias(self, name: str, alias: str) -> None:
         """Remove ``alias`` from the model; no error when it is not set."""
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
         if self.by_alias(name, alias) is None:
             return
@@ -277,8 +277,8 @@ class Registry:
 
     def load_uri(self, model_uri: str) -> tuple[Any, dict[str, Any]]:
         """Load a logged model (``models:/...`` or ``runs:/...``) and the featurizer stored with it."""
-        import mlflow
-        import mlflow.pytorch
+        import mlflow  # lazy: heavy (mlflow)
+        import mlflow.pytorch  # lazy: heavy (mlflow)
 
         mlflow.set_tracking_uri(self.tracking_uri)
         mlflow.set_registry_uri(self.tracking_uri)

@@ -74,7 +74,7 @@ class Distributed:
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """``model`` under DistributedDataParallel: gradients are averaged over the ranks in backward."""
-        from torch.nn.parallel import DistributedDataParallel
+        from torch.nn.parallel import DistributedDataParallel  # lazy: heavy (torch)
 
         param = next(model.parameters())
         ids = [param.device.index] if param.device.type == "cuda" else None
