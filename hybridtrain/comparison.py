@@ -324,12 +324,13 @@ def run_comparison(capacity: int | None = None, *, load: float | None = None, se
                    grid: Sequence[tuple[float, float | None]] = GRID, spot_dir: Path | str = SPOT_DIR,
                    jobs_file: Path | str | None = None, deadlines: str = "loose",
                    policy_path: Path | str = SIM_POLICY, threshold_limits: Sequence[int] = (0, 1, 2, 4, 8, 16, 32, 64),
-                   capacity_bound_on: bool = True) -> Report:
+                   capacity_bound_on: bool = True, tuning: Tuning | None = None) -> Report:
     """Tune on the first half of the trace, replay every contender on the second (see module docstring).
 
     Give ``capacity`` (on-prem GPUs) or ``load`` (demand ÷ capacity on the report half; default
     1.1). ``deadlines``: "loose" or "tight" (see ``workload``). ``spot_dir``: any directory of
     SkyPilot spot traces (see ``site_traces``). ``jobs_file``: a job CSV instead of the pod trace.
+    ``tuning``: our policy's setting chosen earlier (e.g. on another seed's tuning half) instead of tuning here.
     """
     t0 = time.perf_counter()
     check_load(load, capacity)
@@ -348,7 +349,7 @@ def run_comparison(capacity: int | None = None, *, load: float | None = None, se
     if unknown:
         raise SpecError("workload", [Problem("job_class", f"{', '.join(unknown)} not in the policy's job classes "
                                                           f"({', '.join(scenario.policy.job_classes)})")])
-    tuning = tune(scenario, tune_jobs, grid)
+    tuning = tuning or tune(scenario, tune_jobs, grid)
     ours = our_policy(quantile=tuning.quantile, queue_quantile=tuning.queue_quantile)
     rows, lines, placed = [], {}, report_jobs
     for c in contenders(threshold_limits=threshold_limits, ours=ours):

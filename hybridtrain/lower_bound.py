@@ -36,7 +36,7 @@ from hybridtrain.request import DataTier, ResourceRequest
 from hybridtrain.workload import SimJob
 
 #: Bucket length of the LP's time grid (coarser: faster and a little looser, still valid).
-BUCKET_S = 8 * 3600.0
+BUCKET_S = 12 * 3600.0
 LP_METHOD = "highs"
 
 

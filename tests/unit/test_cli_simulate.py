@@ -20,8 +20,8 @@ CLI = [str(Path(sys.executable).with_name("hybridtrain"))]
 HELD_OUT = TRACES_DIR / "skypilot-spot-traces-heldout"
 
 
-def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, "simulate", *args], capture_output=True, text=True, timeout=timeout)
+def run(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "simulate", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 @pytest.mark.parametrize(("args", "option", "says"), [
@@ -55,10 +55,10 @@ def test_an_unwritable_out_is_refused_before_any_work(tmp_path):
 
 @pytest.fixture(scope="module")
 def jobs_csv(tmp_path_factory) -> Path:
-    """A user's job file: one busy day of the trace (~230 jobs), only the required columns and the class."""
+    """A user's job file: half a busy day of the trace (~85 jobs), only the required columns and the class."""
     jobs = jobs_from_pods(load_pods(), WorkloadParams())
     start = jobs[len(jobs) // 2].arrival
-    day = [j for j in jobs if start - 43200 <= j.arrival < start + 43200]
+    day = [j for j in jobs if start - 21600 <= j.arrival < start + 21600]
     path = tmp_path_factory.mktemp("jobs") / "jobs.csv"
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
@@ -73,7 +73,7 @@ def test_any_trace_directory_job_file_regimes_and_seeds_with_plots_in_mlflow(tmp
     db = tmp_path / "mlflow.db"
     result = run("--jobs", str(jobs_csv), "--spot-traces", str(spot), "--capacity", "5", "--deadlines", "loose",
                  "--deadlines", "tight", "--seeds", "2", "--out", str(tmp_path / "o"), "--plot", str(tmp_path / "png"),
-                 "--mlflow-uri", f"sqlite:///{db}", timeout=600)
+                 "--mlflow-uri", f"sqlite:///{db}", timeout=600, cwd=tmp_path)  # artifacts: ./mlruns
     assert result.returncode == 0, result.stderr[-3000:]
     assert "us-west-2b_v100_1" in result.stdout and "us-west-2c_v100_1" in result.stdout
     assert "Targets over seeds" in result.stdout

@@ -75,3 +75,12 @@ def test_conservation_names_the_job_whose_work_or_spend_does_not_add_up():
         check_conservation(scenario, [twice])
     with pytest.raises(ConservationError, match="more than one outcome"):
         check_conservation(scenario, [good, good])
+
+
+@pytest.mark.parametrize("load", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_load_no_pool_can_have_is_refused_not_silently_replaced(load):
+    from hybridtrain.comparison import run_comparison
+    from hybridtrain.errors import SpecError
+
+    with pytest.raises(SpecError, match="--load"):
+        run_comparison(load=load)
