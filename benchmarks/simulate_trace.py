@@ -48,6 +48,9 @@ def main() -> None:
     parser.add_argument("--regimes", nargs="+", default=["loose", "tight"], choices=["loose", "tight"])
     parser.add_argument("--spot-traces", type=Path, default=SPOT_DIR)
     parser.add_argument("--policy", type=Path, default=SIM_POLICY)
+    parser.add_argument("--thresholds", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16, 64],
+                        help="threshold-burst settings N (cloud_on_demand and onprem_fifo are always there)")
+    parser.add_argument("--spot-limits", type=int, nargs="+", default=[4, 32], help="spot-burst settings N > 0")
     args = parser.parse_args()
     t0 = time.perf_counter()
     groups: dict[tuple[str, float], list] = defaultdict(list)
@@ -56,7 +59,8 @@ def main() -> None:
             tuning = None
             for k in range(args.seeds):
                 r = run_comparison(load=load, seed=args.seed + k, deadlines=regime, spot_dir=args.spot_traces,
-                                   policy_path=args.policy, tuning=tuning)
+                                   policy_path=args.policy, tuning=tuning, threshold_limits=args.thresholds,
+                                   spot_limits=args.spot_limits)
                 tuning = r.tuning
                 groups[(regime, load)].append(r)
                 t = r.targets

@@ -5,10 +5,14 @@
 misses no more deadlines than bursting at the first queued job on that half wins), the second
 half is replayed from an empty cluster by every contender with that setting fixed. It reports
 total cost (compute + egress), cloud spend, deadline-miss rate, mean / p95 completion time,
-on-prem utilization, spot preemptions, evictions and lost work, plus the per-job lower bound
-(each job at the cheapest price any allowed option offers, capacity ignored), and checks the
-issue's targets against the cheapest threshold-burst setting that misses no more deadlines than
-ours (or, if none does, the one that misses fewest).
+on-prem utilization, spot preemptions, evictions and lost work, the per-job lower bound and the
+capacity-aware LP bound at our misses (``lower_bound``), and checks the issue's targets against
+the threshold-burst family's cost–misses frontier read at exactly our number of misses
+(``frontier``; the cheapest of all families is reported beside it).
+
+Deadlines are ``loose`` (slack × declared hours) or ``tight`` (1.2–3 × true hours); the workload
+comes from the pod trace or a job CSV (``job_file``); spot availability from any directory of
+SkyPilot traces (``site_traces``).
 
 The default scenario: one on-prem site (A100, amortized as in ``deployments/sites.yaml``, the
 GPU count is the parameter), AWS p4d.24xlarge in eu-west-1 (EU) and us-east-1 (US) at the price
@@ -324,7 +328,8 @@ def run_comparison(capacity: int | None = None, *, load: float | None = None, se
                    grid: Sequence[tuple[float, float | None]] = GRID, spot_dir: Path | str = SPOT_DIR,
                    jobs_file: Path | str | None = None, deadlines: str = "loose",
                    policy_path: Path | str = SIM_POLICY, threshold_limits: Sequence[int] = (0, 1, 2, 4, 8, 16, 32, 64),
-                   capacity_bound_on: bool = True, tuning: Tuning | None = None) -> Report:
+                   capacity_bound_on: bool = True, tuning: Tuning | None = None,
+                   spot_limits: Sequence[int] | None = None) -> Report:
     """Tune on the first half of the trace, replay every contender on the second (see module docstring).
 
     Give ``capacity`` (on-prem GPUs) or ``load`` (demand ÷ capacity on the report half; default
@@ -352,7 +357,7 @@ def run_comparison(capacity: int | None = None, *, load: float | None = None, se
     tuning = tuning or tune(scenario, tune_jobs, grid)
     ours = our_policy(quantile=tuning.quantile, queue_quantile=tuning.queue_quantile)
     rows, lines, placed = [], {}, report_jobs
-    for c in contenders(threshold_limits=threshold_limits, ours=ours):
+    for c in contenders(threshold_limits=threshold_limits, ours=ours, spot_limits=spot_limits):
         m, outcomes = replay_outcomes(scenario, c, report_jobs)
         rows.append(m)
         if c.name in ("ours", "threshold_0"):
