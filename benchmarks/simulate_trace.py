@@ -22,6 +22,7 @@ Run: .venv/bin/python benchmarks/simulate_trace.py [--seeds 5] [--loads 1.1 1.5]
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections import defaultdict
@@ -51,6 +52,7 @@ def main() -> None:
     parser.add_argument("--thresholds", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16, 64],
                         help="threshold-burst settings N (cloud_on_demand and onprem_fifo are always there)")
     parser.add_argument("--spot-limits", type=int, nargs="+", default=[4, 32], help="spot-burst settings N > 0")
+    parser.add_argument("--json", type=Path, default=None, help="also write every report here (JSON)")
     args = parser.parse_args()
     t0 = time.perf_counter()
     groups: dict[tuple[str, float], list] = defaultdict(list)
@@ -82,6 +84,9 @@ def main() -> None:
             f"{sum(t['misses_ok'] for t in ts)}/{len(ts)}", fmt([t["bound_ratio"] for t in ts]),
             f"{np.mean([t['misses'] for t in ts]):.0f}", f"{np.mean([t['misses_first_queued'] for t in ts]):.0f}",
         ]))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([r.to_json() for rs in groups.values() for r in rs], default=str))
     top = max(args.loads)
     headline = max(np.mean([r.targets["cost_ratio"] for r in groups[(g, top)]]) for g in args.regimes)
     print(f"total {time.perf_counter() - t0:.0f} s")

@@ -244,15 +244,17 @@ def check_targets(rows: Sequence[Metrics], demand_ratio: float, bound_usd: float
 
     The reference is the threshold-burst frontier at exactly our number of misses
     (``frontier.at_misses``: linear interpolation between settings on the lower hull; if no
-    setting misses as few as ours, its fewest-miss setting). The cheapest of *all* baseline
+    setting misses as few as ours, its cheapest setting missing no more than bursting at the
+    first queued job). The cheapest of *all* baseline
     families at our misses is reported beside it (``best_family``). ``bound_usd`` is the
     capacity-aware bound for our misses and horizon (default: the per-job bound row).
     """
     by = {r.name: r for r in rows}
     ours = by["ours"]
     baselines = [r for r in rows if r.name not in ("ours", "lower_bound")]
-    ref = at_misses(family_points(baselines, "threshold_burst"), ours.misses, "threshold_burst")
-    best = best_at_misses(baselines, ours.misses)
+    floor = by["threshold_0"].misses  # when a family cannot match us: its cheapest setting missing ≤ this
+    ref = at_misses(family_points(baselines, "threshold_burst"), ours.misses, "threshold_burst", floor)
+    best = best_at_misses(baselines, ours.misses, floor)
     target = cost_target(demand_ratio)
     cost_ratio = ours.total_usd / ref.total_usd if ref.total_usd else math.nan
     cloud_ratio = ours.cloud_usd / ref.cloud_usd if ref.cloud_usd else (0.0 if ours.cloud_usd == 0 else math.inf)

@@ -10,8 +10,11 @@ hull — not just the settings tried — is what a baseline can achieve.
 
 ``at_misses`` reads the frontier at a given number of misses by linear interpolation along the
 hull segment that spans it (cloud spend interpolated with the same weights). Fewer misses than
-any setting reaches: the family cannot match, and its fewest-miss point is given, flagged
-``reachable=False``. More misses than its cheapest point: that cheapest point.
+any setting reaches: the family cannot match, flagged ``reachable=False``, and the reference is
+its cheapest setting missing no more than ``floor`` deadlines (e.g. bursting at the first queued
+job's misses) or than its fewest-miss setting, whichever is more — not the fewest-miss setting
+itself, which can be far dearer for one fewer miss (``cloud_on_demand``) and would flatter us.
+More misses than its cheapest point: that cheapest point.
 """
 
 from __future__ import annotations
@@ -82,15 +85,17 @@ def frontier(points: Sequence[Point]) -> list[Point]:
     return hull
 
 
-def at_misses(points: Sequence[Point], misses: float, family: str = "") -> AtMisses:
+def at_misses(points: Sequence[Point], misses: float, family: str = "", floor: float | None = None) -> AtMisses:
     """The frontier's cost and cloud spend at ``misses`` (see the module docstring)."""
     hull = frontier(points)
     if not hull:
         return AtMisses(family, misses, math.nan, math.nan, False, "no settings")
     if misses < hull[0].misses:
-        p = hull[0]
+        cap = max(hull[0].misses, floor if floor is not None else -math.inf)
+        p = min((q for q in points if q.misses <= cap), key=lambda q: (q.total_usd, q.misses))
         return AtMisses(family, p.misses, p.total_usd, p.cloud_usd, False,
-                        f"cannot miss as few as {misses:g}; fewest is {p.name} ({p.misses:g})", p.forced_cloud_usd)
+                        f"cannot miss as few as {misses:g} (fewest: {hull[0].misses:g}); cheapest missing "
+                        f"≤ {cap:g}: {p.name} ({p.misses:g})", p.forced_cloud_usd)
     if misses >= hull[-1].misses:
         p = hull[-1]
         return AtMisses(family, misses, p.total_usd, p.cloud_usd, True, f"{p.name} (its cheapest setting)",
@@ -107,9 +112,9 @@ def at_misses(points: Sequence[Point], misses: float, family: str = "") -> AtMis
     raise AssertionError("unreachable: misses lies within the hull")
 
 
-def best_at_misses(rows: Sequence, misses: float) -> AtMisses:
+def best_at_misses(rows: Sequence, misses: float, floor: float | None = None) -> AtMisses:
     """The cheapest family at ``misses`` among those that can reach it (else the one missing fewest)."""
-    reads = [at_misses(family_points(rows, f), misses, f) for f in FAMILIES if family_points(rows, f)]
+    reads = [at_misses(family_points(rows, f), misses, f, floor) for f in FAMILIES if family_points(rows, f)]
     ok = [r for r in reads if r.reachable]
     if ok:
         return min(ok, key=lambda r: r.total_usd)

@@ -31,6 +31,10 @@ def test_outside_the_range_the_fewest_miss_point_is_flagged_and_more_misses_take
     few = [Point("b", 10, 60.0, 40.0), Point("d", 30, 40.0, 10.0)]
     r = at_misses(few, 3, "x")
     assert not r.reachable and r.total_usd == 60.0 and "cannot miss as few as 3" in r.how
+    # a dear setting with one miss fewer does not become the reference: the cheapest within the floor does
+    dear = [Point("cloud", 9, 170.0, 160.0), *few]
+    assert at_misses(dear, 3, "x", floor=10).total_usd == 60.0
+    assert at_misses(dear, 3, "x").total_usd == 170.0  # no floor: the fewest-miss setting
     r = at_misses(few, 99, "x")
     assert r.reachable and r.total_usd == 40.0
 
