@@ -222,8 +222,9 @@ def simulate(
             f"spot traces: {', '.join(f'{k} ← {Path(v).name}' for k, v in r.spot_traces.items())}; "
             f"tuned on the first half: duration quantile {r.tuning.quantile} for the run itself, "
             f"{r.tuning.queue_quantile or r.tuning.quantile} for the runs behind it\n"
-            f"at our {t['misses']} misses, the best baseline is {t['reference']} ({t['reference_basis']}): "
-            f"cost ×{t['cost_ratio']:.2f} (≤ {t['cost_target']:.2f}: {_ok(t['cost_ok'])}), cloud ×{t['cloud_ratio']:.2f} "
+            f"at our {t['misses']} misses, threshold burst costs ${t['reference_usd']:,.0f} ({t['reference_basis']}): "
+            f"cost ×{t['cost_ratio']:.2f} (≤ {t['cost_target']:.2f}: {_ok(t['cost_ok'])}; ×{t['best_family_ratio']:.2f} "
+            f"the cheapest family, {t['best_family']}), cloud ×{t['cloud_ratio']:.2f} "
             f"(≤ 0.50: {_ok(t['cloud_ok'])}), misses {t['misses']} vs {t['misses_first_queued']} at the first queued "
             f"job ({_ok(t['misses_ok'])}), ×{t['bound_ratio']:.2f} the capacity-aware bound (≤ 1.30: "
             f"{_ok(t['bound_ok'])}); {r.seconds:.1f} s",
