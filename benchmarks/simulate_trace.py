@@ -1,41 +1,96 @@
-"""Simulator speed: `hybridtrain simulate` on the full pod trace (target <= 10 s).
+"""Placement v2 on the pod trace: our policy against every baseline family at equal misses, both deadline regimes, over seeds.
 
-One comparison = replay the first half of the trace under each tuning setting of our policy,
-then replay the second half under every contender (on-prem FIFO, cloud on-demand, threshold
-burst at 8 thresholds, greedy spot, ours) plus the lower bound — all through the production
-placement engine. Timed end to end, trace loading included.
+For each deadline regime (loose, tight), load (demand ÷ on-prem GPUs) and seed: tune our policy on
+the first half of the trace (once per regime and load, on the first seed), replay the second half
+under every contender through the production placement engine, read each baseline family's
+cost–misses frontier at our number of misses, and solve the capacity-aware LP bound for our
+misses. Prints, per regime and load, the mean and worst over seeds of:
 
-Run: .venv/bin/python benchmarks/simulate_trace.py [--capacity N]
+- cost ×ref: our total cost ÷ the threshold-burst frontier at our misses (target ≤ 0.80 at ≥ 1.5×,
+  ≤ 0.90 near 1.1×, never > 1.00); ×best: the same against the cheapest family (spot burst included);
+- cloud ×ref: our cloud spend ÷ the reference's (target ≤ 0.50), and ×ref avoidable: the same
+  without jobs larger than the on-prem pool (they go to the cloud under every policy);
+- misses ≤ first-queued: seeds where we miss no more deadlines than bursting at the first queued job;
+- ×bound: our cost ÷ the capacity-aware bound (target ≤ 1.3).
+
+Last line: ``placement_cost_ratio_at_1_5x: X (target <= 0.80)`` — X is the worse of the two regimes'
+mean cost ×ref at the highest load given (≥ 1.5), on the spot traces given.
+
+Run: .venv/bin/python benchmarks/simulate_trace.py [--seeds 5] [--loads 1.1 1.5] [--spot-traces DIR] [--policy FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hybridtrain.simulation.comparison import run_comparison  # noqa: E402
+from hybridtrain.simulation.comparison import SIM_POLICY, run_comparison  # noqa: E402
+from hybridtrain.simulation.traces import SPOT_DIR  # noqa: E402
 
-TARGET_S = 10.0
+
+def fmt(vals: list[float]) -> str:
+    return f"{np.mean(vals):.3f} / {np.max(vals):.3f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--capacity", type=int, default=None, help="on-prem GPUs (default: demand / 1.1)")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=2024)
+    parser.add_argument("--loads", type=float, nargs="+", default=[1.1, 1.5])
+    parser.add_argument("--regimes", nargs="+", default=["loose", "tight"], choices=["loose", "tight"])
+    parser.add_argument("--spot-traces", type=Path, default=SPOT_DIR)
+    parser.add_argument("--policy", type=Path, default=SIM_POLICY)
+    parser.add_argument("--thresholds", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16, 64],
+                        help="threshold-burst settings N (cloud_on_demand and onprem_fifo are always there)")
+    parser.add_argument("--spot-limits", type=int, nargs="+", default=[4, 32], help="spot-burst settings N > 0")
+    parser.add_argument("--json", type=Path, default=None, help="also write every report here (JSON)")
     args = parser.parse_args()
     t0 = time.perf_counter()
-    report = run_comparison(args.capacity)
-    elapsed = time.perf_counter() - t0
-    jobs = report.row("ours").jobs
-    print(f"capacity {report.capacity} GPUs, demand {report.demand_ratio:.2f}x, report-half jobs {jobs}, "
-          f"contenders {len(report.rows)}, tuning settings {len(report.tuning.grid)}")
-    for r in report.rows:
-        print(f"  {r.name:16s} {r.seconds:5.2f} s  total ${r.total_usd:,.0f}")
-    print(f"simulate_seconds: {elapsed:.1f} s (target <= {TARGET_S:g})")
+    groups: dict[tuple[str, float], list] = defaultdict(list)
+    for regime in args.regimes:
+        for load in args.loads:
+            tuning = None
+            for k in range(args.seeds):
+                r = run_comparison(load=load, seed=args.seed + k, deadlines=regime, spot_dir=args.spot_traces,
+                                   policy_path=args.policy, tuning=tuning, threshold_limits=args.thresholds,
+                                   spot_limits=args.spot_limits)
+                tuning = r.tuning
+                groups[(regime, load)].append(r)
+                t = r.targets
+                print(f"  {regime:5s} load {load:.1f} seed {r.seed}: {r.capacity} GPUs, demand {r.demand_ratio:.2f}x, "
+                      f"ours ${r.row('ours').total_usd:,.0f} misses {t['misses']} | {t['reference_basis']} "
+                      f"${t['reference_usd']:,.0f} | x{t['cost_ratio']:.3f} cloud x{t['cloud_ratio']:.3f} "
+                      f"bound ${t['bound_usd']:,.0f} x{t['bound_ratio']:.3f} ({r.seconds:.0f} s)", flush=True)
+    print(f"\nspot traces: {args.spot_traces}; policy: {args.policy.name}; seeds {args.seed}..{args.seed + args.seeds - 1}; "
+          "mean / worst over seeds")
+    head = ("regime", "load", "demand", "cost xref", "target", "cost xbest", "cloud xref", "cloud xref avoidable",
+            "misses<=first-queued", "xbound", "ours misses", "thr_0 misses")
+    print(" | ".join(head))
+    for (regime, load), rs in groups.items():
+        ts = [r.targets for r in rs]
+        print(" | ".join([
+            regime, f"{load:.1f}", f"{rs[0].demand_ratio:.2f}x", fmt([t["cost_ratio"] for t in ts]),
+            f"<= {ts[0]['cost_target']:.2f}", fmt([t["best_family_ratio"] for t in ts]),
+            fmt([t["cloud_ratio"] for t in ts]), fmt([t["avoidable_cloud_ratio"] for t in ts]),
+            f"{sum(t['misses_ok'] for t in ts)}/{len(ts)}", fmt([t["bound_ratio"] for t in ts]),
+            f"{np.mean([t['misses'] for t in ts]):.0f}", f"{np.mean([t['misses_first_queued'] for t in ts]):.0f}",
+        ]))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([r.to_json() for rs in groups.values() for r in rs], default=str))
+    top = max(args.loads)
+    headline = max(np.mean([r.targets["cost_ratio"] for r in groups[(g, top)]]) for g in args.regimes)
+    print(f"total {time.perf_counter() - t0:.0f} s")
+    print(f"placement_cost_ratio_at_1_5x: {headline:.3f} (target <= 0.80)")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """CLI: the ``hybridtrain`` command — the core commands plus the ones that need Prefect.
 
 The core's commands (validate, plan, simulate, status, data, audit, ledger, rollback, …) live in
-``hybridtrain.cli`` and import no Prefect. This module adds the commands that talk to a Prefect
+``hybridtrain.cli.main`` and import no Prefect. This module adds the commands that talk to a Prefect
 server or run flows — ``init``, ``run``, ``demo``, ``credentials``, ``deploy`` — and is the
 installed entry point.
 """

@@ -75,7 +75,7 @@ def relocate(ws: Workspace, run: PoolRun, from_site: str, to_site: str, reason: 
     mlflow_run = run.parameters.get("run_id")
     if mlflow_run:
         stages.save_result(ws, mlflow_run, "relocation", moved)
-    emit_event(event="hybridtrain.placement.burst.moved", resource={"prefect.resource.id": f"prefect.flow-run.{new.id}"},
+    emit_event(event="hybridtrain.burst.moved", resource={"prefect.resource.id": f"prefect.flow-run.{new.id}"},
                payload=moved.model_dump(mode="json"))
     return moved
 
@@ -83,5 +83,5 @@ def relocate(ws: Workspace, run: PoolRun, from_site: str, to_site: str, reason: 
 @task(name="announce-release")
 def announce_release(site: str, reason: str) -> None:
     """Tell automations that burst capacity can go (e.g. scale cloud workers down)."""
-    emit_event(event="hybridtrain.placement.burst.release", resource={"prefect.resource.id": f"hybridtrain.site.{site}"},
+    emit_event(event="hybridtrain.burst.release", resource={"prefect.resource.id": f"hybridtrain.site.{site}"},
                payload={"reason": reason})

@@ -3,12 +3,12 @@
 - ``audit verify`` checks the workspace's audit log (``.hybridtrain/audit/audit.jsonl``, or
   ``--log``): every edited, removed, reordered or cut-off record is listed; exit 8 if any.
 - ``ledger MODEL`` prices the model's run records (MLflow runs tagged
-  ``hybridtrain.governance.ledger.model``) per version; ``--png`` writes the chart, ``--attach`` writes
+  ``hybridtrain.ledger.model``) per version; ``--png`` writes the chart, ``--attach`` writes
   each version's ``hybridtrain.cost.*`` tags.
 - ``rollback MODEL`` moves ``champion`` back to ``previous`` and re-releases it to every
   target; ``retire MODEL VERSION`` removes a version from every target and marks it retired.
   The release targets come from ``--spec`` (its ``promotion.release_targets``) or, without
-  it, from the ``hybridtrain.governance.release.target_specs`` tag recorded when the version was
+  it, from the ``hybridtrain.release.target_specs`` tag recorded when the version was
   released; every target verifies bundles with the public key given by ``--public-key``
   (default ``HYBRIDTRAIN_RELEASE_PUBLIC_KEY``, else ``.hybridtrain/keys/release.pub.pem``).
   Bundles are re-released from the archive in the control site's store (``bundles/``).
@@ -58,7 +58,7 @@ KeyOpt = Annotated[Path | None, typer.Option(
 SpecOpt = Annotated[Path | None, typer.Option(
     "--spec", help="Job spec whose promotion.release_targets to use (default: as recorded on the version).")]
 ActorOpt = Annotated[str | None, typer.Option(help="Who is acting, for the audit log (default cli:<user>).")]
-TARGET_SPECS_TAG = "hybridtrain.governance.release.target_specs"
+TARGET_SPECS_TAG = "hybridtrain.release.target_specs"
 
 
 def fail(exc: HybridtrainError) -> typer.Exit:
@@ -129,7 +129,7 @@ def audit_verify(
 
 def load_run_records(registry, experiment: str, model: str) -> list:
     """The model's run records stored in MLflow (artifact ``ledger/run_record.json`` of runs tagged
-    ``hybridtrain.governance.ledger.model = MODEL``)."""
+    ``hybridtrain.ledger.model = MODEL``)."""
 
 
     records = []

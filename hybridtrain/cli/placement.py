@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -139,42 +141,129 @@ def plan(
     console.print("[dim]Nothing was submitted: plan has no side effects.[/dim]")
 
 
+def bad_option(option: str, message: str) -> typer.Exit:
+    """One line naming the option and the fix; exit status 2 (a usage error), no traceback."""
+    err_console.print(f"error: {option}: {message}", style="red", highlight=False, markup=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def writable_dir(option: str, path: Path) -> None:
+    """Refuse an output directory that cannot be created or written, before any work is done."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        raise bad_option(option, f"{path} is not a writable directory ({exc.strerror or exc}); "
+                                 "give one you can write to") from None
+
+
 def simulate(
-    capacity: Annotated[list[int] | None, typer.Option(help="On-prem GPUs; repeat for several loads.")] = None,
+    capacity: Annotated[list[int] | None, typer.Option(help="On-prem GPUs (≥ 1); repeat for several loads.")] = None,
     load: Annotated[list[float] | None, typer.Option(
-        help="Demand ÷ on-prem GPUs (the capacity follows); repeat for several loads. Default 1.1 when "
-             "neither --capacity nor --load is given.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the workload draws.")] = 2024,
+        help="Demand ÷ on-prem GPUs (> 0, finite; the capacity follows); repeat for several loads. Default 1.1 "
+             "when neither --capacity nor --load is given.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the workload draws (the first, with --seeds).")] = 2024,
+    seeds: Annotated[int, typer.Option(help="Replay with this many seeds (seed, seed+1, …); report mean and worst.")] = 1,
+    deadlines: Annotated[list[str] | None, typer.Option(
+        help="loose (slack × declared hours) or tight (1.2–3× true hours); repeat for both. Default loose.")] = None,
     out: Annotated[Path, typer.Option(help="Directory for comparison.json/.csv/.png.")] = Path("benchmarks/out/simulate"),
     pods: Annotated[Path | None, typer.Option(help="Pod trace CSV (default: data/traces copy).")] = None,
+    jobs: Annotated[Path | None, typer.Option(
+        "--jobs", help="Job CSV instead of the pod trace (columns id, arrival_s, gpus, true_hours, …).")] = None,
+    spot_traces: Annotated[Path | None, typer.Option(
+        "--spot-traces", help="Directory of SkyPilot spot traces (default: data/traces/skypilot-spot-traces).")] = None,
+    policy_path: Annotated[Path | None, typer.Option("--policy", help="Placement policy of the simulation.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write PNG plots here (also logged to MLflow if configured).")] = None,
+    mlflow_uri: Annotated[str | None, typer.Option(
+        "--mlflow-uri", help="MLflow tracking URI for the plots and summary (default: $MLFLOW_TRACKING_URI).")] = None,
 ) -> None:
     """Replay the pod trace through the placement engine and compare policies (tuned on the first half)."""
-    from hybridtrain.simulation.comparison import run_comparison, write_outputs  # lazy: heavy (numpy)
+    from hybridtrain.simulation.comparison import SIM_POLICY, run_comparison, write_outputs
+    from hybridtrain.simulation.traces import SPOT_DIR
 
+    for c in capacity or []:
+        if c < 1:
+            raise bad_option("--capacity", f"{c} is not a GPU count; give a whole number ≥ 1 (e.g. --capacity 8)")
+    for x in load or []:
+        if not (math.isfinite(x) and x > 0):
+            raise bad_option("--load", f"{x} is not a load; give demand ÷ on-prem GPUs as a finite number > 0 "
+                                       "(e.g. --load 1.1)")
+    if seed < 0:
+        raise bad_option("--seed", f"{seed} is negative; give a whole number ≥ 0")
+    if not 1 <= seeds <= 100:
+        raise bad_option("--seeds", f"{seeds} is not a number of seeds; give 1 to 100")
+    regimes = deadlines or ["loose"]
+    for d in regimes:
+        if d not in ("loose", "tight"):
+            raise bad_option("--deadlines", f"{d!r}; choose loose or tight")
+    for option, path in (("--pods", pods), ("--jobs", jobs), ("--policy", policy_path)):
+        if path is not None and not path.is_file():
+            raise bad_option(option, f"{path} is not a file")
+    if spot_traces is not None and not spot_traces.is_dir():
+        raise bad_option("--spot-traces", f"{spot_traces} is not a directory of SkyPilot spot traces")
+    writable_dir("--out", out)
+    if plot is not None:
+        writable_dir("--plot", plot)
+    tracking = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     try:
         runs = [(c, None) for c in capacity or []] + [(None, x) for x in load or []]
-        for _, x in runs:
-            if x is not None and x <= 0:
-                raise SpecError("--load", [Problem("--load", f"{x} is not a load: give demand ÷ on-prem GPUs, > 0 "
-                                                             "(e.g. --load 1.1)")])
-        reports = [run_comparison(c, load=x, seed=seed, pods=pods) for c, x in runs or [(None, 1.1)]]
+        reports = [run_comparison(c, load=x, seed=seed + k, pods=pods, jobs_file=jobs, deadlines=d,
+                                  spot_dir=spot_traces or SPOT_DIR, policy_path=policy_path or SIM_POLICY)
+                   for d in regimes for c, x in runs or [(None, 1.1)] for k in range(seeds)]
     except HybridtrainError as exc:
         raise fail(exc) from None
     for r in reports:
+        if r.seed != seed:
+            continue  # the full table for the first seed; the rest are in the summary
         wide().print(report_table(r))
         t = r.targets
         console.print(
+            f"spot traces: {', '.join(f'{k} ← {Path(v).name}' for k, v in r.spot_traces.items())}; "
             f"tuned on the first half: duration quantile {r.tuning.quantile} for the run itself, "
-            f"{r.tuning.queue_quantile or r.tuning.quantile} for the runs behind it "
-            f"(misses there: bursting at the first queued job {r.tuning.reference_misses})\n"
-            f"targets vs {t['reference']} ({t['reference_basis']}): cost ×{t['cost_ratio']:.2f} "
-            f"(≤ {t['cost_target']:.2f}: {_ok(t['cost_ok'])}), cloud ×{t['cloud_ratio']:.2f} (≤ 0.50: {_ok(t['cloud_ok'])}), "
-            f"misses {t['misses']} vs {t['misses_first_queued']} at the first queued job ({_ok(t['misses_ok'])}), "
-            f"×{t['bound_ratio']:.2f} the lower bound (≤ 1.30: {_ok(t['bound_ok'])}); {r.seconds:.1f} s",
+            f"{r.tuning.queue_quantile or r.tuning.quantile} for the runs behind it\n"
+            f"at our {t['misses']} misses, threshold burst costs ${t['reference_usd']:,.0f} ({t['reference_basis']}): "
+            f"cost ×{t['cost_ratio']:.2f} (≤ {t['cost_target']:.2f}: {_ok(t['cost_ok'])}; ×{t['best_family_ratio']:.2f} "
+            f"the cheapest family, {t['best_family']}), cloud ×{t['cloud_ratio']:.2f} "
+            f"(≤ 0.50: {_ok(t['cloud_ok'])}), misses {t['misses']} vs {t['misses_first_queued']} at the first queued "
+            f"job ({_ok(t['misses_ok'])}), ×{t['bound_ratio']:.2f} the capacity-aware bound (≤ 1.30: "
+            f"{_ok(t['bound_ok'])}); {r.seconds:.1f} s",
             highlight=False,
         )
+    if seeds > 1 or len(regimes) > 1:
+        wide().print(summary_table(reports))
     paths = write_outputs(reports, out)
+    if plot is not None:
+        from hybridtrain.simulation.plots import log_to_mlflow, write_plots
+
+        pngs = write_plots(reports, plot)
+        paths += pngs
+        if tracking:
+            run_id = log_to_mlflow(reports, [*pngs, paths[0]], tracking)
+            console.print(f"logged to MLflow at {tracking}: run {run_id}", highlight=False)
     console.print(f"wrote {', '.join(str(p) for p in paths)}")
+
+
+def summary_table(reports) -> Table:  # reports: list[comparison.Report]
+    """Per regime and load: mean and worst over seeds of each target, and how many seeds met it."""
+    from hybridtrain.simulation.plots import summary_metrics
+
+    table = Table(title="Targets over seeds (mean / worst)")
+    for col in ("deadlines", "demand", "seeds", "cost ×ref", "target", "cloud ×ref", "×bound", "misses ≤ first-queued"):
+        table.add_column(col, justify="left" if col == "deadlines" else "right")
+    groups: dict = {}
+    for r in reports:
+        groups.setdefault((r.deadlines, round(r.demand_ratio, 2)), []).append(r)
+    summary = summary_metrics(reports)
+    for (regime, ld), rs in groups.items():
+        k = f"{regime}_{ld:.2f}x_"
+        table.add_row(regime, f"{ld:.2f}×", str(len(rs)),
+                      f"{summary[k + 'cost_ratio_mean']:.3f} / {summary[k + 'cost_ratio_worst']:.3f}",
+                      f"≤ {rs[0].targets['cost_target']:.2f}",
+                      f"{summary[k + 'cloud_ratio_mean']:.3f} / {summary[k + 'cloud_ratio_worst']:.3f}",
+                      f"{summary[k + 'bound_ratio_mean']:.3f} / {summary[k + 'bound_ratio_worst']:.3f}",
+                      f"{sum(r.targets['misses_ok'] for r in rs)}/{len(rs)}")
+    return table
 
 
 def _ok(flag: bool) -> str:

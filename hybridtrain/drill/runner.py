@@ -192,8 +192,8 @@ def record_in_mlflow(ws: Workspace, report: DrillReport, directory: Path) -> str
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
     run_id = registry.start_run(EXPERIMENT, f"drill-{report.started_at.strftime('%Y%m%dT%H%M%SZ')}", {
         "hybridtrain.kind": "failover-drill",
-        "hybridtrain.drill.runner.outcome": "failed" if report.failed else "ok",
-        "hybridtrain.drill.runner.directory": str(directory),
+        "hybridtrain.drill.outcome": "failed" if report.failed else "ok",
+        "hybridtrain.drill.directory": str(directory),
     })
     report.mlflow_run_id = run_id
     try:
@@ -208,7 +208,7 @@ def record_in_mlflow(ws: Workspace, report: DrillReport, directory: Path) -> str
                 if value is not None:
                     metrics[f"{s.scenario}.{key}"] = float(value)
         registry.log_metrics(run_id, metrics)
-        registry.set_tags(run_id, {f"hybridtrain.drill.runner.{s.scenario}": s.outcome for s in report.scenarios})
+        registry.set_tags(run_id, {f"hybridtrain.drill.{s.scenario}": s.outcome for s in report.scenarios})
         md, js = report.write(directory)  # now with the run id
         for path in (md, js):
             registry.log_text(run_id, path.read_text(), path.name)

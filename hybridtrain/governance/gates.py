@@ -8,7 +8,7 @@ evidence)``, registered in ``GATES`` under the name a spec lists in ``promotion.
   (``hybridtrain.dataset.<tier>.md5``) equals the DVC version the run used and the bundle's
   ``datasets.json``; the bundle is for this model and version; its ``checkpoint.json`` SHA-256
   equals the final checkpoint recorded by training (and the version's
-  ``hybridtrain.training.checkpoint.sha256`` tag, when set). A missing value on any side fails.
+  ``hybridtrain.checkpoint.sha256`` tag, when set). A missing value on any side fails.
 - ``signature`` — the bundle verifies under the trusted public key (``ModelBundle.verify``).
 - ``thresholds`` — every ``evaluation.thresholds`` entry is met (``evaluation.check_thresholds``:
   log_loss a maximum, the rest minimums; a threshold on a metric not computed fails).
@@ -45,7 +45,7 @@ from hybridtrain.plugins import PluginRegistry
 from hybridtrain.specs.job import EvaluationSpec, JobSpec, PromotionSpec
 
 COST_TOLERANCE_USD = 1e-9
-CHECKPOINT_TAG = "hybridtrain.training.checkpoint.sha256"
+CHECKPOINT_TAG = "hybridtrain.checkpoint.sha256"
 
 
 def dataset_tag(tier: str) -> str:

@@ -1,7 +1,7 @@
 """CostLedger: what each model version cost — compute by capacity, wasted attempts, data moved, storage — from the real run records.
 
 Input: one ``RunRecord`` per lifecycle run (the flows write it as JSON to the run's
-``ledger/run_record.json`` artifact and tag the run ``hybridtrain.governance.ledger.model``). A run holds
+``ledger/run_record.json`` artifact and tag the run ``hybridtrain.ledger.model``). A run holds
 its training *attempts* (each: site, capacity class, GPUs held, wall seconds, outcome), every
 ``TransferRecord`` it caused, and the bytes it left in storage.
 
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 RUN_RECORD_ARTIFACT = "ledger/run_record.json"
-RUN_RECORD_TAG = "hybridtrain.governance.ledger.model"
+RUN_RECORD_TAG = "hybridtrain.ledger.model"
 DEFAULT_STORAGE_USD_PER_GB_MONTH = 0.023
 GB = 1_000_000_000
 UNVERSIONED = "unversioned"

@@ -123,12 +123,12 @@ class ReleaseRecord(BaseModel):
     def tags(self) -> dict[str, str]:
         """MLflow version tags: per target whether it serves, holds or lacks this version, and the target specs
         (so ``hybridtrain rollback`` can reopen the targets without the job spec)."""
-        out = {"hybridtrain.governance.release.targets": ",".join(t.target for t in self.targets)}
+        out = {"hybridtrain.release.targets": ",".join(t.target for t in self.targets)}
         for t in self.targets:
             state = "current" if t.current == self.version else ("held" if self.version in t.versions else "absent")
-            out[f"hybridtrain.governance.release.{t.target}"] = f"{state} at {t.url}"
+            out[f"hybridtrain.release.{t.target}"] = f"{state} at {t.url}"
         if self.target_specs:
-            out["hybridtrain.governance.release.target_specs"] = json.dumps(self.target_specs, sort_keys=True)
+            out["hybridtrain.release.target_specs"] = json.dumps(self.target_specs, sort_keys=True)
         return out
 
 

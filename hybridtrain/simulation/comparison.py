@@ -5,10 +5,14 @@
 misses no more deadlines than bursting at the first queued job on that half wins), the second
 half is replayed from an empty cluster by every contender with that setting fixed. It reports
 total cost (compute + egress), cloud spend, deadline-miss rate, mean / p95 completion time,
-on-prem utilization, spot preemptions, evictions and lost work, plus the per-job lower bound
-(each job at the cheapest price any allowed option offers, capacity ignored), and checks the
-issue's targets against the cheapest threshold-burst setting that misses no more deadlines than
-ours (or, if none does, the one that misses fewest).
+on-prem utilization, spot preemptions, evictions and lost work, the per-job lower bound and the
+capacity-aware LP bound at our misses (``lower_bound``), and checks the issue's targets against
+the threshold-burst family's cost–misses frontier read at exactly our number of misses
+(``frontier``; the cheapest of all families is reported beside it).
+
+Deadlines are ``loose`` (slack × declared hours) or ``tight`` (1.2–3 × true hours); the workload
+comes from the pod trace or a job CSV (``job_file``); spot availability from any directory of
+SkyPilot traces (``site_traces``).
 
 The default scenario: one on-prem site (A100, amortized as in ``deployments/sites.yaml``, the
 GPU count is the parameter), AWS p4d.24xlarge in eu-west-1 (EU) and us-east-1 (US) at the price
@@ -28,18 +32,22 @@ from pathlib import Path
 
 import numpy as np
 
+from hybridtrain.errors import Problem, SpecError
 from hybridtrain.placement.cost_model import CostModel
 from hybridtrain.placement.policy import Policy
-from hybridtrain.simulation.simulator import (
-    Contender,
-    Outcome,
-    Scenario,
-    Simulation,
-    contenders,
-    lower_bound,
-    our_policy,
+from hybridtrain.simulation.frontier import FAMILIES, at_misses, best_at_misses, family_points, frontier
+from hybridtrain.simulation.lower_bound import per_job_bounds
+from hybridtrain.simulation.simulator import Contender, Outcome, Scenario, Simulation, contenders, our_policy
+from hybridtrain.simulation.traces import (
+    PRICES,
+    SPOT_DIR,
+    TRACES_DIR,
+    SpotTrace,
+    find_price,
+    load_pods,
+    load_prices,
+    trace_files,
 )
-from hybridtrain.simulation.traces import PRICES, SPOT_DIR, TRACES_DIR, SpotTrace, find_price, load_pods, load_prices
 from hybridtrain.simulation.workload import SimJob, WorkloadParams, demand_gpus, jobs_from_pods
 from hybridtrain.specs.sites import CapacityClass, OnPremCost, Site, SiteKind
 
@@ -48,12 +56,27 @@ SIM_POLICY = TRACES_DIR / "simulation-policy.yaml"
 ONPREM_COST = OnPremCost(capex_per_gpu_usd=18000, lifetime_years=4, power_kw_per_gpu=0.6, power_price_per_kwh=0.22,
                          utilization=0.65, opex_per_gpu_year_usd=1200)
 CLOUD_SITES = (
-    # name, jurisdiction, (cloud, instance type, region, zone), spot trace
+    # name, jurisdiction, (cloud, instance type, region, zone), spot trace in the default directory
     ("cloud-eu", "EU", ("aws", "p4d.24xlarge", "eu-west-1", "euw1-az2"),
      "preemption/1-node/aws-04-22-2023/us-east-1c_v100_1.json"),
     ("cloud-us", "US", ("aws", "p4d.24xlarge", "us-east-1", "use1-az1"),
      "preemption/1-node/aws-04-22-2023/us-east-1f_v100_1.json"),
 )
+
+
+def site_traces(spot_dir: Path | str = SPOT_DIR) -> dict[str, Path]:
+    """Which trace file drives each cloud site's spot availability.
+
+    In the default directory (or any directory holding the same relative paths) the files of
+    ``CLOUD_SITES``; in any other directory in the SkyPilot layout, the trace files sorted by
+    path: ``cloud-eu`` gets the first, ``cloud-us`` the second (the first again if there is one).
+    """
+    root = Path(spot_dir)
+    named = {name: root / rel for name, _, _, rel in CLOUD_SITES}
+    if all(p.is_file() for p in named.values()):
+        return named
+    files = trace_files(root)
+    return {name: files[min(i, len(files) - 1)] for i, (name, *_) in enumerate(CLOUD_SITES)}
 
 
 def default_scenario(capacity: int, policy_path: Path | str = SIM_POLICY, prices: Path | str = PRICES,
@@ -65,14 +88,15 @@ def default_scenario(capacity: int, policy_path: Path | str = SIM_POLICY, prices
                   egress_per_gb=0.0, bandwidth_mbps=1000, work_pool="onprem",
                   store={"kind": "local", "path": ".hybridtrain/stores/onprem-dc1"})]
     traces = {}
-    for name, jurisdiction, (cloud, itype, region, zone), trace in CLOUD_SITES:
+    files = site_traces(spot_dir)
+    for name, jurisdiction, (cloud, itype, region, zone), _ in CLOUD_SITES:
         row = find_price(rows, cloud, itype, region, zone)
         sites.append(Site(name=name, kind=SiteKind.cloud, region=region, jurisdiction=jurisdiction, gpu_type="A100",
                           gpu_count=4096, capacity_class=CapacityClass.burst,
                           price_per_gpu_hour=row.ondemand_per_gpu_hour, spot_price_per_gpu_hour=row.spot_per_gpu_hour,
                           egress_per_gb=0.09, bandwidth_mbps=500, work_pool=name,
                           store={"kind": "local", "path": f".hybridtrain/stores/{name}"}))
-        traces[name] = SpotTrace.load(Path(spot_dir) / trace)
+        traces[name] = SpotTrace.load(files[name])
     return Scenario(sites=tuple(sites), onprem="onprem-dc1", policy=Policy.load(policy_path),
                     spot_traces=traces, cost_model=CostModel())
 
@@ -99,6 +123,8 @@ class Metrics:
     moved_jobs: int
     unplaceable: int
     seconds: float = 0.0
+    last_finish_s: float = math.nan  # trace clock: when the last job finished (the bound's horizon)
+    forced_cloud_usd: float = 0.0  # cloud spend on jobs with more GPUs than the on-prem pool (no choice)
 
 
 def metrics(name: str, outcomes: Sequence[Outcome], capacity: int, seconds: float = 0.0) -> Metrics:
@@ -112,7 +138,7 @@ def metrics(name: str, outcomes: Sequence[Outcome], capacity: int, seconds: floa
         name=name,
         jobs=len(outcomes),
         total_usd=sum(o.cost_usd for o in placed),
-        cloud_usd=sum(o.cost_usd for o in placed if o.cloud),
+        cloud_usd=sum(o.cloud_usd for o in placed),
         egress_usd=sum(o.egress_usd for o in placed),
         miss_rate=float(sum(o.missed for o in with_deadline) / max(len(with_deadline), 1)),
         misses=int(sum(o.missed for o in with_deadline)),
@@ -127,17 +153,25 @@ def metrics(name: str, outcomes: Sequence[Outcome], capacity: int, seconds: floa
         moved_jobs=sum(o.moved for o in placed),
         unplaceable=len(outcomes) - len(placed),
         seconds=seconds,
+        last_finish_s=float(last),
+        forced_cloud_usd=sum(o.cloud_usd for o in placed if o.job.gpus > capacity),
     )
 
 
 def replay(scenario: Scenario, contender: Contender, jobs: Sequence[SimJob]) -> Metrics:
+    return replay_outcomes(scenario, contender, jobs)[0]
+
+
+def replay_outcomes(scenario: Scenario, contender: Contender, jobs: Sequence[SimJob]) -> tuple[Metrics, list[Outcome]]:
+    """One contender over ``jobs``: its metrics and every job's outcome (conservation checked)."""
     t0 = time.perf_counter()
     outcomes = Simulation(scenario, contender).run(jobs)
-    return metrics(contender.name, outcomes, scenario.capacity, time.perf_counter() - t0)
+    return metrics(contender.name, outcomes, scenario.capacity, time.perf_counter() - t0), outcomes
 
 
 def bound_metrics(scenario: Scenario, jobs: Sequence[SimJob]) -> Metrics:
-    costs = lower_bound(scenario, jobs)
+    """The per-job bound (capacity ignored) as a row."""
+    costs = per_job_bounds(scenario, jobs)
     placed = [c for c in costs if c is not None]
     nan = math.nan
     return Metrics("lower_bound", len(jobs), float(sum(placed)), nan, nan, nan, 0, 0, nan, nan, nan, 0, 0, nan, 0, 0,
@@ -193,91 +227,189 @@ class Report:
     rows: list[Metrics]
     targets: dict
     seconds: float
+    deadlines: str = "loose"
+    spot_traces: dict[str, str] = field(default_factory=dict)
+    frontiers: dict[str, list[dict]] = field(default_factory=dict)  # family → its hull points
+    bound: dict = field(default_factory=dict)
+    timeline: dict[str, list[list[float]]] = field(default_factory=dict)  # name → [hour, on-prem GPUs, cloud GPUs]
 
     def row(self, name: str) -> Metrics:
         return next(r for r in self.rows if r.name == name)
 
     def to_json(self) -> dict:
         return {"capacity": self.capacity, "demand_ratio": self.demand_ratio, "seed": self.seed,
+                "deadlines": self.deadlines, "spot_traces": self.spot_traces,
                 "tuning": asdict(self.tuning), "rows": [asdict(r) for r in self.rows], "targets": self.targets,
-                "seconds": self.seconds}
+                "frontiers": self.frontiers, "bound": self.bound, "seconds": self.seconds}
 
 
-def check_targets(rows: Sequence[Metrics], demand_ratio: float) -> dict:
-    """The issue's targets: ours against the best threshold burst at our miss rate, and the bound."""
+def cost_target(demand_ratio: float) -> float:
+    """The issue's cost target at a load: ≤ 0.80 at ≥ 1.5×, ≤ 0.90 from 1.05×, never above 1.00."""
+    return 0.80 if demand_ratio >= 1.5 else (0.90 if demand_ratio >= 1.05 else 1.00)
+
+
+def check_targets(rows: Sequence[Metrics], demand_ratio: float, bound_usd: float | None = None) -> dict:
+    """The issue's targets: ours against the threshold-burst family read at our misses, and the bound.
+
+    The reference is the threshold-burst frontier at exactly our number of misses
+    (``frontier.at_misses``: linear interpolation between settings on the lower hull; if no
+    setting misses as few as ours, its cheapest setting missing no more than bursting at the
+    first queued job). The cheapest of *all* baseline
+    families at our misses is reported beside it (``best_family``). ``bound_usd`` is the
+    capacity-aware bound for our misses and horizon (default: the per-job bound row).
+    """
     by = {r.name: r for r in rows}
     ours = by["ours"]
-    thresholds = [r for r in rows if r.name.startswith("threshold_")]
-    same = [r for r in thresholds if r.miss_rate <= ours.miss_rate + 1e-12]
-    if same:
-        ref = min(same, key=lambda r: r.total_usd)
-        basis = "cheapest threshold setting with a miss rate no higher than ours"
-    else:
-        ref = min(thresholds, key=lambda r: (r.miss_rate, r.total_usd))
-        basis = "no threshold setting misses as few deadlines as ours; compared with the one that misses fewest"
-    cost_target = 0.80 if demand_ratio >= 1.5 else (0.90 if demand_ratio >= 1.05 else 1.00)
+    baselines = [r for r in rows if r.name not in ("ours", "lower_bound")]
+    floor = by["threshold_0"].misses  # when a family cannot match us: its cheapest setting missing ≤ this
+    ref = at_misses(family_points(baselines, "threshold_burst"), ours.misses, "threshold_burst", floor)
+    best = best_at_misses(baselines, ours.misses, floor)
+    target = cost_target(demand_ratio)
     cost_ratio = ours.total_usd / ref.total_usd if ref.total_usd else math.nan
     cloud_ratio = ours.cloud_usd / ref.cloud_usd if ref.cloud_usd else (0.0 if ours.cloud_usd == 0 else math.inf)
-    bound = by["lower_bound"].total_usd
+    ref_avoidable = ref.cloud_usd - ref.forced_cloud_usd
+    avoidable = ours.cloud_usd - ours.forced_cloud_usd
+    avoidable_ratio = avoidable / ref_avoidable if ref_avoidable > 0 else (0.0 if avoidable <= 0 else math.inf)
+    bound = bound_usd if bound_usd is not None else by["lower_bound"].total_usd
     first_queued = by["threshold_0"]
     return {
-        "reference": ref.name,
-        "reference_basis": basis,
+        "reference": ref.family,
+        "reference_basis": ref.how + ("" if ref.reachable else " (the family cannot match our misses)"),
+        "reference_usd": ref.total_usd,
+        "reference_cloud_usd": ref.cloud_usd,
+        "reference_reachable": ref.reachable,
+        "best_family": best.family,
+        "best_family_basis": best.how,
+        "best_family_ratio": ours.total_usd / best.total_usd if best.total_usd else math.nan,
         "cost_ratio": cost_ratio,
-        "cost_target": cost_target,
-        "cost_ok": cost_ratio <= cost_target,
+        "cost_target": target,
+        "cost_ok": cost_ratio <= target,
         "cloud_ratio": cloud_ratio,
         "cloud_target": 0.50,
         "cloud_ok": cloud_ratio <= 0.50,
+        "forced_cloud_usd": ours.forced_cloud_usd,
+        "avoidable_cloud_ratio": avoidable_ratio,
         "misses": ours.misses,
         "misses_first_queued": first_queued.misses,
         "misses_ok": ours.misses <= first_queued.misses,
+        "bound_usd": bound,
         "bound_ratio": ours.total_usd / bound if bound else math.nan,
         "bound_target": 1.3,
         "bound_ok": ours.total_usd <= 1.3 * bound,
     }
 
 
+def timeline(outcomes: Sequence[Outcome], step_s: float = 3600.0) -> list[list[float]]:
+    """[hours since the first arrival, on-prem GPUs busy, cloud GPUs busy] every ``step_s``
+    (each job's final run only: the part of an evicted run before its eviction is not drawn)."""
+    placed = [o for o in outcomes if not o.unplaceable and math.isfinite(o.finish)]
+    if not placed:
+        return []
+    t0 = min(o.job.arrival for o in outcomes)
+    t1 = max(o.finish for o in placed)
+    grid = np.arange(t0, t1 + step_s, step_s)
+    onprem, cloud = np.zeros(len(grid)), np.zeros(len(grid))
+    for o in placed:
+        lo, hi = np.searchsorted(grid, [o.start, o.finish])
+        (cloud if o.cloud else onprem)[lo:hi] += o.job.gpus
+    return [[round((g - t0) / 3600.0, 3), float(a), float(c)] for g, a, c in zip(grid, onprem, cloud, strict=True)]
+
+
+def load_workload(pods: Path | str | None, jobs_file: Path | str | None, params: WorkloadParams) -> list[SimJob]:
+    """The jobs of ``--jobs FILE`` if given, else of the pod trace (``pods`` or the copied one)."""
+    if jobs_file is not None:
+        from hybridtrain.simulation.job_file import load_jobs
+
+        return load_jobs(jobs_file, params)
+    return jobs_from_pods(load_pods(pods) if pods else load_pods(), params)
+
+
+def check_load(load: float | None, capacity: int | None) -> None:
+    """Refuse a load or capacity no comparison can use (one problem, naming the option and the fix)."""
+    if load is not None and not (math.isfinite(load) and load > 0):
+        raise SpecError("--load", [Problem("--load", f"{load} is not a load: give demand ÷ on-prem GPUs, a finite "
+                                                     "number > 0 (e.g. --load 1.1)")])
+    if capacity is not None and capacity < 1:
+        raise SpecError("--capacity", [Problem("--capacity", f"{capacity} is not a GPU count: give a whole number "
+                                                             "≥ 1 (e.g. --capacity 8)")])
+
+
 def run_comparison(capacity: int | None = None, *, load: float | None = None, seed: int = 2024,
                    pods: Path | str | None = None, params: WorkloadParams | None = None,
-                   grid: Sequence[tuple[float, float | None]] = GRID) -> Report:
+                   grid: Sequence[tuple[float, float | None]] = GRID, spot_dir: Path | str = SPOT_DIR,
+                   jobs_file: Path | str | None = None, deadlines: str = "loose",
+                   policy_path: Path | str = SIM_POLICY, threshold_limits: Sequence[int] = (0, 1, 2, 4, 8, 16, 32, 64),
+                   capacity_bound_on: bool = True, tuning: Tuning | None = None,
+                   spot_limits: Sequence[int] | None = None) -> Report:
     """Tune on the first half of the trace, replay every contender on the second (see module docstring).
 
-    Give ``capacity`` (on-prem GPUs) or ``load`` (demand ÷ capacity on the report half).
+    Give ``capacity`` (on-prem GPUs) or ``load`` (demand ÷ capacity on the report half; default
+    1.1). ``deadlines``: "loose" or "tight" (see ``workload``). ``spot_dir``: any directory of
+    SkyPilot spot traces (see ``site_traces``). ``jobs_file``: a job CSV instead of the pod trace.
+    ``tuning``: our policy's setting chosen earlier (e.g. on another seed's tuning half) instead of tuning here.
     """
     t0 = time.perf_counter()
-    params = replace(params or WorkloadParams(), seed=seed)
-    jobs = jobs_from_pods(load_pods(pods) if pods else load_pods(), params)
+    check_load(load, capacity)
+    if deadlines not in ("loose", "tight"):
+        raise SpecError("--deadlines", [Problem("--deadlines", f"{deadlines!r}: choose loose or tight")])
+    params = replace(params or WorkloadParams(), seed=seed, deadline_regime=deadlines)
+    jobs = load_workload(pods, jobs_file, params)
+    if len(jobs) < 4:
+        raise SpecError("workload", [Problem("jobs", f"only {len(jobs)} job(s): a comparison needs at least 4")])
     tune_jobs, report_jobs = split(jobs)
     demand = demand_gpus(report_jobs)
     if capacity is None:
-        capacity = max(1, round(demand / (load or 1.1)))
-    scenario = default_scenario(capacity)
-    tuning = tune(scenario, tune_jobs, grid)
+        capacity = max(1, round(demand / (load if load is not None else 1.1)))
+    scenario = default_scenario(capacity, policy_path=policy_path, spot_dir=spot_dir)
+    unknown = sorted({j.job_class for j in jobs} - set(scenario.policy.job_classes))
+    if unknown:
+        raise SpecError("workload", [Problem("job_class", f"{', '.join(unknown)} not in the policy's job classes "
+                                                          f"({', '.join(scenario.policy.job_classes)})")])
+    tuning = tuning or tune(scenario, tune_jobs, grid)
     ours = our_policy(quantile=tuning.quantile, queue_quantile=tuning.queue_quantile)
-    rows = [replay(scenario, c, report_jobs) for c in contenders(ours=ours)]
-    rows.append(bound_metrics(scenario, report_jobs))
+    rows, lines, placed = [], {}, report_jobs
+    for c in contenders(threshold_limits=threshold_limits, ours=ours, spot_limits=spot_limits):
+        m, outcomes = replay_outcomes(scenario, c, report_jobs)
+        rows.append(m)
+        if c.name in ("ours", "threshold_0"):
+            lines[c.name] = timeline(outcomes)
+        if c.name == "ours":
+            placed = [o.job for o in outcomes if not o.unplaceable]
+    per_job = bound_metrics(scenario, report_jobs)
+    rows.append(per_job)
+    by = {r.name: r for r in rows}
+    bound: dict = {"per_job_usd": per_job.total_usd}
+    if capacity_bound_on:
+        from hybridtrain.simulation.lower_bound import capacity_bound
+
+        b = capacity_bound(scenario, placed, misses=by["ours"].misses, horizon=by["ours"].last_finish_s)
+        bound.update(asdict(b))
     ratio = demand / capacity
-    return Report(capacity, ratio, seed, tuning, rows, check_targets(rows, ratio), time.perf_counter() - t0)
+    targets = check_targets(rows, ratio, bound.get("usd"))
+    fronts = {f: [asdict(p) for p in frontier(family_points(rows, f))] for f in FAMILIES}
+    return Report(capacity, ratio, seed, tuning, rows, targets, time.perf_counter() - t0, deadlines,
+                  {k: str(v) for k, v in site_traces(spot_dir).items()}, fronts, bound, lines)
 
 
 def write_outputs(reports: Sequence[Report], out: Path | str) -> list[Path]:
-    """``comparison.json``, ``comparison.csv`` and ``comparison.png`` under ``out``."""
-    import matplotlib  # lazy: heavy (matplotlib)
+    """``comparison.json``, ``comparison.csv`` (every report) and ``comparison.png`` (the first seed's) under ``out``."""
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: heavy (matplotlib)
+    import matplotlib.pyplot as plt
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "comparison.json", out / "comparison.csv", out / "comparison.png"]
     paths[0].write_text(json.dumps([r.to_json() for r in reports], indent=2, default=str))
     cols = list(asdict(reports[0].rows[0]).keys())
-    lines = [",".join(["capacity", "demand_ratio", *cols])]
+    lines = [",".join(["deadlines", "seed", "capacity", "demand_ratio", *cols])]
     for r in reports:
         for m in r.rows:
-            lines.append(",".join([str(r.capacity), f"{r.demand_ratio:.3f}", *(str(v) for v in asdict(m).values())]))
+            lines.append(",".join([r.deadlines, str(r.seed), str(r.capacity), f"{r.demand_ratio:.3f}",
+                                   *(str(v) for v in asdict(m).values())]))
     paths[1].write_text("\n".join(lines) + "\n")
+    reports = [r for r in reports if r.seed == reports[0].seed]  # one column per regime and load
     fig, axes = plt.subplots(2, len(reports), figsize=(6.5 * len(reports), 9), squeeze=False)
     markers = {"onprem_fifo": ("s", "tab:gray"), "cloud_on_demand": ("D", "tab:orange"),
                "greedy_spot": ("^", "tab:green"), "ours": ("*", "crimson")}

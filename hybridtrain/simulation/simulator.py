@@ -49,6 +49,7 @@ from hybridtrain.placement.queue_state import (
 from hybridtrain.placement.request import GB, DataTier, ResourceRequest
 from hybridtrain.placement.spot_rule import Greedy, SpotAction, SpotProgress, SpotRule, UniformProgress
 from hybridtrain.placement.strategy import Choice, Strategy, ThresholdBurst
+from hybridtrain.simulation.conservation import ConservationError, check_conservation
 from hybridtrain.simulation.traces import SpotTrace
 from hybridtrain.simulation.workload import SimJob
 from hybridtrain.specs.sites import CapacityClass, Site
@@ -115,11 +116,18 @@ class Outcome:
     egress_usd: float = 0.0
     preemptions: int = 0  # spot capacity taken back
     evictions: int = 0  # stopped on-prem to make room for a run that could not go elsewhere
-    lost_gpu_hours: float = 0.0
+    lost_gpu_hours: float = 0.0  # work redone after an eviction or preemption, reference GPU-hours
+    onprem_usd: float = 0.0  # the part of ``compute_usd`` spent on-prem
+    overhead_gpu_hours: float = 0.0  # billed restart time (no progress), at the cloud site
 
     @property
     def cost_usd(self) -> float:
         return self.compute_usd + self.egress_usd
+
+    @property
+    def cloud_usd(self) -> float:
+        """What this job spent in the cloud (compute and egress), its on-prem part excluded."""
+        return self.cost_usd - self.onprem_usd
 
     @property
     def missed(self) -> bool:
@@ -144,14 +152,16 @@ class OnPremOnly:
 
 @dataclass(frozen=True)
 class GreedySpotBurst:
-    """Baseline: a job that would wait goes to the cheapest spot it may use (else on-demand) at once."""
+    """Baseline: a job that would be more than ``queue_limit`` runs deep in the on-prem queue goes to
+    the cheapest spot it may use (else on-demand) at once; ``queue_limit=0``: as soon as it would wait."""
 
     name: ClassVar[str] = "greedy_spot"
+    queue_limit: int = 0
 
     def choose(self, c: CandidateView) -> Choice:
         onprem = c.cheapest("onprem", meeting=False)
-        if onprem >= 0 and not c.must_wait(onprem):
-            return Choice(onprem, lambda: ["on-prem free"])
+        if onprem >= 0 and c.queued(onprem) + (1 if c.must_wait(onprem) else 0) <= self.queue_limit:
+            return Choice(onprem, lambda: ["on-prem queue within the limit"])
         for group in ("spot", "burst"):
             pos = c.cheapest(group, meeting=False)
             if pos >= 0:
@@ -160,13 +170,17 @@ class GreedySpotBurst:
 
 
 def contenders(threshold_limits: Sequence[int] = (0, 1, 2, 4, 8, 16, 32, 64),
-               ours: Contender | None = None) -> list[Contender]:
-    """The comparison set: on-prem FIFO, cloud on-demand, threshold burst (swept), greedy spot, ours."""
+               ours: Contender | None = None, spot_limits: Sequence[int] | None = None) -> list[Contender]:
+    """The comparison set: on-prem FIFO, cloud on-demand, threshold burst (swept), greedy spot
+    (``greedy_spot``, and ``spot_burst_N`` for each N of ``spot_limits`` — default: the thresholds
+    above 0), ours."""
+    spot_limits = [n for n in threshold_limits if n > 0] if spot_limits is None else spot_limits
     out = [
         Contender("onprem_fifo", OnPremOnly()),
         Contender("cloud_on_demand", ThresholdBurst(queue_limit=-1)),
         *[Contender(f"threshold_{n}", ThresholdBurst(queue_limit=n)) for n in threshold_limits],
         Contender("greedy_spot", GreedySpotBurst(), spot_rule=Greedy()),
+        *[Contender(f"spot_burst_{n}", GreedySpotBurst(queue_limit=n), spot_rule=Greedy()) for n in spot_limits],
         ours or our_policy(),
     ]
     return out
@@ -215,7 +229,7 @@ class Simulation:
         self.onprem_price = scenario.site(scenario.onprem).gpu_hour_price
         self.data_site = scenario.data_site or scenario.onprem
         self.free = self.capacity
-        self.running: dict[str, tuple[_Queued, float, float]] = {}  # id → (entry, start, est hours)
+        self.running: dict[str, tuple[_Queued, float, float, int]] = {}  # id → (entry, start, est hours, token)
         self.queues: list[deque[_Queued]] = [deque() for _ in QueueTier]
         self.waiting = 0
         self.events: list[tuple[float, int, str, object]] = []
@@ -239,7 +253,7 @@ class Simulation:
 
     def running_runs(self, t: float) -> tuple[QueuedRun, ...]:
         out = []
-        for e, start, est in self.running.values():
+        for e, start, est, _ in self.running.values():
             elapsed = (t - start) / 3600.0
             out.append(QueuedRun(e.job.gpus, remaining_hours(est, e.request.max_run_hours, elapsed), e.tier,
                                  e.request.max_run_hours - elapsed))
@@ -274,13 +288,17 @@ class Simulation:
             if kind == "arrive":
                 self.arrive(t, payload)  # type: ignore[arg-type]
             elif kind == "done":
-                self.finish_onprem(t, payload)  # type: ignore[arg-type]
+                self.finish_onprem(t, *payload)  # type: ignore[misc]
             elif kind == "observe":
                 job, hours = payload  # type: ignore[misc]
                 self.observe(job, hours)
             elif kind == "tick":
                 self.tick(t)
-        return [self.outcomes[j.id] for j in jobs]
+        if self.prior:
+            raise ConservationError(f"evicted runs never finished: {sorted(self.prior)[:5]}")
+        outcomes = [self.outcomes[j.id] for j in jobs]
+        check_conservation(self.sc, outcomes)
+        return outcomes
 
     def observe(self, job: SimJob, hours: float) -> None:
         if isinstance(self.estimator, HistoryQuantile):
@@ -326,7 +344,8 @@ class Simulation:
                     waiting.append(e)
                     if len(waiting) > BACKFILL_DEPTH + 64:
                         break
-        slots = [Slot(start + e.request.max_run_hours * 3600.0, e.job.gpus, e.tier) for e, start, _ in self.running.values()]
+        slots = [Slot(start + e.request.max_run_hours * 3600.0, e.job.gpus, e.tier)
+                 for e, start, _, _ in self.running.values()]
         runs = [QueuedRun(e.job.gpus, e.request.run_hours, e.tier, e.request.max_run_hours) for e in waiting]
         chosen = admit(t, self.capacity, slots, runs, self.reserved)
         for i in chosen:
@@ -334,21 +353,24 @@ class Simulation:
             e.cancelled = True  # leaves the queue
             self.waiting -= 1
             self.free -= e.job.gpus
-            self.running[e.job.id] = (e, t, max(e.expected_h - e.done_h, 0.01))
-            self.push(t + (e.job.true_hours - e.done_h) * 3600.0, "done", e.job.id)
+            self.seq += 1
+            token = self.seq  # a restarted run's earlier "done" events carry an older token
+            self.running[e.job.id] = (e, t, max(e.expected_h - e.done_h, 0.01), token)
+            self.push(t + (e.job.true_hours - e.done_h) * 3600.0, "done", (e.job.id, token))
         for q in self.queues:
             while q and q[0].cancelled:
                 q.popleft()
 
-    def finish_onprem(self, t: float, job_id: str) -> None:
-        if job_id not in self.running:
-            return  # evicted earlier
-        entry, start, _ = self.running.pop(job_id)
+    def finish_onprem(self, t: float, job_id: str, token: int) -> None:
+        run = self.running.get(job_id)
+        if run is None or run[3] != token:
+            return  # this start was evicted earlier (the run may be running again, from a later start)
+        entry, start, _, _ = self.running.pop(job_id)
         job = entry.job
         self.free += job.gpus
-        gh = job.gpus * (job.true_hours - entry.done_h)
+        gh = job.gpus * (t - start) / 3600.0  # what the clock says ran, so a stale event cannot hide work
         out = Outcome(job, site=self.sc.onprem, capacity_class=CapacityClass.fixed.value, start=start, finish=t,
-                      onprem_gpu_hours=gh, compute_usd=gh * self.onprem_price)
+                      onprem_gpu_hours=gh, compute_usd=gh * self.onprem_price, onprem_usd=gh * self.onprem_price)
         self.outcomes[job.id] = self.merge(out)
         self.observe(job, job.true_hours)
         self.start_ready(t)
@@ -362,7 +384,7 @@ class Simulation:
                 for e in waiting]
         by_id = {e.job.id: e for e in waiting}
         running = []
-        for e, start, est in self.running.values():
+        for e, start, est, _ in self.running.values():
             elapsed = (t - start) / 3600.0
             ckpt_h = e.job.checkpoint_interval_s / 3600.0
             running.append(RunningRun(e.job.id, e.request, remaining_hours(est, e.request.max_run_hours, elapsed),
@@ -376,7 +398,9 @@ class Simulation:
             e = by_id[move.run_id]
             e.cancelled = True
             self.waiting -= 1
-            self.run_cloud(t, e.job, e.request, move.to_site, move.decision.capacity_class, moved=True)
+            # an evicted run queued again keeps the work it had checkpointed
+            self.run_cloud(t, e.job, e.request, move.to_site, move.decision.capacity_class, moved=True,
+                           done_h=e.done_h)
         self.start_ready(t)
         if self.waiting:
             self.next_tick = t + self.ct.controller_interval_s
@@ -384,7 +408,7 @@ class Simulation:
 
     def evict(self, t: float, job_id: str, to: tuple[str, CapacityClass] | None) -> None:
         """Stop an on-prem run at its last checkpoint; queue it again here (``to=None``) or resume it at ``to``."""
-        entry, start, _ = self.running.pop(job_id)
+        entry, start, _, _ = self.running.pop(job_id)
         job = entry.job
         self.free += job.gpus
         ran_h = (t - start) / 3600.0
@@ -393,7 +417,8 @@ class Simulation:
         prior = self.prior.setdefault(job.id, Outcome(job))
         prior.onprem_gpu_hours += job.gpus * ran_h
         prior.compute_usd += job.gpus * ran_h * self.onprem_price
-        prior.lost_gpu_hours += job.gpus * (ran_h - kept_h)
+        prior.onprem_usd += job.gpus * ran_h * self.onprem_price
+        prior.lost_gpu_hours += job.gpus * (ran_h - kept_h) * self.sc.cost_model.speed(self.sc.site(self.sc.onprem))
         prior.evictions += 1
         prior.moved = True
         done_h = entry.done_h + kept_h
@@ -411,6 +436,7 @@ class Simulation:
         if prior is not None:
             out.onprem_gpu_hours += prior.onprem_gpu_hours
             out.compute_usd += prior.compute_usd
+            out.onprem_usd += prior.onprem_usd
             out.lost_gpu_hours += prior.lost_gpu_hours
             out.evictions += prior.evictions
             out.moved = True
@@ -449,7 +475,7 @@ class Simulation:
         ckpt_h = out.job.checkpoint_interval_s / 3600.0
         deadline = out.job.deadline
         t, done, current = begin, 0.0, SpotAction.wait
-        spot_h = od_h = lost = 0.0
+        spot_h = od_h = lost = overhead = 0.0
         preemptions = 0
         fresh = True  # the first launch's start-up is already counted
         while done < work_h - 1e-9:
@@ -467,6 +493,7 @@ class Simulation:
                     spot_h += restart_h
                 else:
                     od_h += restart_h
+                overhead += restart_h
                 t += restart_h * 3600.0
                 if action is SpotAction.spot and not trace.is_available(t):
                     current = SpotAction.wait
@@ -498,27 +525,6 @@ class Simulation:
         out.spot_gpu_hours = gpus * spot_h
         out.od_gpu_hours = gpus * od_h
         out.preemptions = preemptions
-        out.lost_gpu_hours = gpus * lost
+        out.lost_gpu_hours = gpus * lost * self.sc.cost_model.speed(site)
+        out.overhead_gpu_hours = gpus * overhead
         out.compute_usd = out.spot_gpu_hours * (site.spot_price_per_gpu_hour or 0.0) + out.od_gpu_hours * site.gpu_hour_price
-
-
-def lower_bound(scenario: Scenario, jobs: Sequence[SimJob]) -> list[float | None]:
-    """Per job: the cheapest price any allowed option offers × its true GPU-hours (+ data movement).
-
-    Capacity, queues and preemptions are ignored, so no schedule can cost less; jobs no site may
-    run are ``None``.
-    """
-    sim = Simulation(scenario, Contender("lower_bound"))
-    cm = scenario.cost_model
-    out: list[float | None] = []
-    for job in jobs:
-        plan = sim.engine.plan_for(sim.request(job))
-        best = None
-        for c in plan.cands:
-            site = scenario.site(c.site)
-            price = site.spot_price_per_gpu_hour if c.spot and site.spot_price_per_gpu_hour is not None else c.price
-            cost = job.gpu_hours / cm.speed(site) * price
-            cost += job.dataset_bytes * c.egress_usd_per_byte + job.checkpoint_bytes * c.ckpt_usd_per_byte
-            best = cost if best is None else min(best, cost)
-        out.append(best)
-    return out

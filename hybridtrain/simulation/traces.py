@@ -148,6 +148,22 @@ class SpotTrace:
         return down * self.gap_s / max(lost, 1)
 
 
+def trace_files(spot_dir: Path | str) -> list[Path]:
+    """The SkyPilot trace files (``*.json``) under ``spot_dir``, sorted by their path inside it.
+
+    Raises ``DataError`` naming the directory when it is missing or holds no trace file.
+    """
+    root = Path(spot_dir)
+    if not root.is_dir():
+        raise DataError(str(root), [Problem("--spot-traces", "not a directory; give a folder of SkyPilot spot "
+                                                              "trace files (*.json, any depth)")])
+    files = sorted(root.rglob("*.json"), key=lambda f: f.relative_to(root).as_posix())
+    if not files:
+        raise DataError(str(root), [Problem("--spot-traces", "holds no *.json spot trace; give a folder in the "
+                                                              "SkyPilot spot-traces layout")])
+    return files
+
+
 @dataclass(frozen=True)
 class PriceRow:
     cloud: str

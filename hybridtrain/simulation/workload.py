@@ -18,8 +18,10 @@ Drawn per job, from ``numpy.random.default_rng(seed)`` in pod order:
   limit is enforced);
 - sensitivity: restricted / confidential / internal / public with ``sensitivity_shares``
   (10 / 30 / 45 / 15 %);
-- deadline: per class, a share of jobs get one at arrival + max(``min_deadline_h``,
-  U(lo, hi) × declared hours); the rest rely on the policy's wait SLO;
+- deadline (``deadline_regime="loose"``, the default): per class, a share of jobs get one at
+  arrival + max(``min_deadline_h``, U(lo, hi) × declared hours); the rest rely on the policy's
+  wait SLO. ``"tight"``: the same jobs get one at arrival + U(``tight_slack``) × their *true*
+  hours (e.g. 1.2–3×), so a job that waits in a queue for long misses it;
 - dataset size: log-normal (median ``dataset_median_gb``, σ ``dataset_sigma``), clipped to
   [``dataset_min_gb``, ``dataset_max_gb``]; checkpoints ``checkpoint_gb`` every 30 min.
 """
@@ -53,6 +55,9 @@ class WorkloadParams:
         "opportunistic": (0.5, 3.0, 10.0),
     })
     min_deadline_h: float = 1.0
+    #: "loose" (slack × declared hours) or "tight" (slack drawn from ``tight_slack`` × true hours)
+    deadline_regime: str = "loose"
+    tight_slack: tuple[float, float] = (1.2, 3.0)
     dataset_median_gb: float = 20.0
     dataset_sigma: float = 1.0
     dataset_min_gb: float = 0.5
@@ -89,39 +94,73 @@ def round_up(hours: float) -> float:
     return float(HOUR_GRID[-1])
 
 
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What a trace says about one job before the seeded draws; a field given here is not drawn."""
+
+    id: str
+    arrival: float
+    gpus: int
+    true_hours: float
+    job_class: str
+    declared_hours: float | None = None
+    sensitivity: Sensitivity | None = None
+    deadline: float | None = None  # absolute, seconds on the trace's clock
+    has_deadline: bool | None = None  # None: drawn by the class's share
+    dataset_gb: float | None = None
+
+
 def jobs_from_pods(pods: list[Pod], params: WorkloadParams = WorkloadParams()) -> list[SimJob]:
     """The simulator's jobs, sorted by arrival (see the module docstring for every rule)."""
     end = max(p.deletion for p in pods)
-    rng = np.random.default_rng(params.seed)
-    sens = [Sensitivity.restricted, Sensitivity.confidential, Sensitivity.internal, Sensitivity.public]
-    shares = np.asarray(params.sensitivity_shares) / sum(params.sensitivity_shares)
-    jobs = []
+    records = []
     for pod in pods:
         if pod.num_gpu < 1 or pod.scheduled is None or pod.deletion >= end:
             continue
         hours = (pod.deletion - pod.scheduled) / 3600.0
         if hours <= 0 or hours > params.max_run_hours:
             continue
-        # Draw every number for every kept pod, in a fixed order, so one change does not shift the rest.
+        records.append(JobRecord(pod.name, pod.creation, pod.num_gpu, hours, QOS_CLASS.get(pod.qos, "standard")))
+    return jobs_from_records(records, params)
+
+
+def jobs_from_records(records: list[JobRecord], params: WorkloadParams = WorkloadParams()) -> list[SimJob]:
+    """Jobs from trace records, drawing what a record leaves open (see the module docstring), sorted by arrival."""
+    rng = np.random.default_rng(params.seed)
+    sens = [Sensitivity.restricted, Sensitivity.confidential, Sensitivity.internal, Sensitivity.public]
+    shares = np.asarray(params.sensitivity_shares) / sum(params.sensitivity_shares)
+    jobs = []
+    for r in records:
+        hours = r.true_hours
+        # Draw every number for every record, in a fixed order, so one change does not shift the rest.
         u_declare, u_sens, u_has_deadline, u_slack = rng.random(4)
         gb = rng.lognormal(np.log(params.dataset_median_gb), params.dataset_sigma)
-        declared = round_up(hours * (1.0 + u_declare * (params.declare_max - 1.0)))
-        job_class = QOS_CLASS.get(pod.qos, "standard")
-        share, lo, hi = params.deadlines[job_class]
-        deadline = None
-        if u_has_deadline < share:
-            window_h = max(params.min_deadline_h, (lo + u_slack * (hi - lo)) * declared)
-            deadline = pod.creation + window_h * 3600.0
+        declared = r.declared_hours if r.declared_hours is not None else \
+            round_up(hours * (1.0 + u_declare * (params.declare_max - 1.0)))
+        share, lo, hi = params.deadlines.get(r.job_class, params.deadlines["standard"])
+        deadline = r.deadline
+        has = r.has_deadline if r.has_deadline is not None else (deadline is not None or u_has_deadline < share)
+        if has and deadline is None:
+            if params.deadline_regime == "tight":
+                t_lo, t_hi = params.tight_slack
+                window_h = (t_lo + u_slack * (t_hi - t_lo)) * hours
+            else:
+                window_h = max(params.min_deadline_h, (lo + u_slack * (hi - lo)) * declared)
+            deadline = r.arrival + window_h * 3600.0
+        if r.dataset_gb is not None:
+            gb = r.dataset_gb
+        else:
+            gb = min(max(gb, params.dataset_min_gb), params.dataset_max_gb)
         jobs.append(SimJob(
-            id=pod.name,
-            arrival=pod.creation,
-            gpus=pod.num_gpu,
+            id=r.id,
+            arrival=r.arrival,
+            gpus=r.gpus,
             true_hours=hours,
             declared_hours=declared,
-            job_class=job_class,
-            sensitivity=sens[int(np.searchsorted(np.cumsum(shares), u_sens, side="right"))],
-            deadline=deadline,
-            dataset_bytes=int(min(max(gb, params.dataset_min_gb), params.dataset_max_gb) * 1e9),
+            job_class=r.job_class,
+            sensitivity=r.sensitivity or sens[int(np.searchsorted(np.cumsum(shares), u_sens, side="right"))],
+            deadline=deadline if has else None,
+            dataset_bytes=int(gb * 1e9),
             checkpoint_bytes=int(params.checkpoint_gb * 1e9),
             checkpoint_interval_s=params.checkpoint_interval_s,
         ))

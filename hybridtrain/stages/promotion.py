@@ -84,13 +84,13 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
     name = spec.registry.model_name
     metric_tags = {f"hybridtrain.metric.{k}": f"{v:.6f}" for k, v in result.metrics.items()}
-    lineage_tags = {**lineage.tags(), "hybridtrain.training.checkpoint.sha256": trained.checkpoint_sha256 or ""}
+    lineage_tags = {**lineage.tags(), "hybridtrain.checkpoint.sha256": trained.checkpoint_sha256 or ""}
     version = registry.register(trained.model_uri, name, run_id, {**lineage_tags, **metric_tags}).version
 
     record = run_record(ws, spec, run_id, version, trained, capacity_class, transfers,
                         registry.model_bytes_uri(trained.model_uri))
     registry.log_text(run_id, record.model_dump_json(indent=2), "ledger/run_record.json")
-    registry.set_tags(run_id, {"hybridtrain.governance.ledger.model": name, "hybridtrain.model_version": version})
+    registry.set_tags(run_id, {"hybridtrain.ledger.model": name, "hybridtrain.model_version": version})
     line = CostLedger(sites).for_model([record], model=name).line(version)
     registry.set_version_tags(name, version, line.tags())
 
@@ -126,7 +126,7 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
     if outcome is None:
         reasons = [f"gate {r.name}: {r.reason}" for r in report.failures]
         registry.set_version_tags(name, version, {"hybridtrain.governance.promotion": "not-promoted",
-                                                  "hybridtrain.governance.promotion.reasons": "; ".join(reasons)})
+                                                  "hybridtrain.promotion.reasons": "; ".join(reasons)})
     else:
         reasons = [f"promoted: {result.reason}"]
     champ = registry.by_alias(name, CHAMPION)

@@ -80,9 +80,9 @@ def record_data(ws: Workspace, spec: JobSpec, run_id: str, prep: PreprocessResul
     registry.log_dict(run_id, anon.leak_scan, "reports/leak_scan.json")
     if synced.transfer is not None:
         t = synced.transfer
-        registry.set_tags(run_id, {"hybridtrain.datasets.transfer.bytes": t.bytes, "hybridtrain.datasets.transfer.files": t.files,
-                                   "hybridtrain.datasets.transfer.route": f"{t.source}->{t.destination}",
-                                   "hybridtrain.datasets.transfer.cost_usd": f"{t.cost_usd:.6f}"})
+        registry.set_tags(run_id, {"hybridtrain.transfer.bytes": t.bytes, "hybridtrain.transfer.files": t.files,
+                                   "hybridtrain.transfer.route": f"{t.source}->{t.destination}",
+                                   "hybridtrain.transfer.cost_usd": f"{t.cost_usd:.6f}"})
 
 
 def close_run(ws: Workspace, run_id: str, lineage: Lineage, evaluation: EvaluateResult,
@@ -90,9 +90,9 @@ def close_run(ws: Workspace, run_id: str, lineage: Lineage, evaluation: Evaluate
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
     if transfers:
         registry.log_dict(run_id, [t.as_row() for t in transfers], "reports/transfers.json")
-        registry.set_tags(run_id, {"hybridtrain.datasets.transfer.total_bytes": sum(t.bytes for t in transfers),
-                                   "hybridtrain.datasets.transfer.total_cost_usd": f"{sum(t.cost_usd for t in transfers):.6f}",
-                                   "hybridtrain.datasets.transfer.count": len(transfers)})
+        registry.set_tags(run_id, {"hybridtrain.transfer.total_bytes": sum(t.bytes for t in transfers),
+                                   "hybridtrain.transfer.total_cost_usd": f"{sum(t.cost_usd for t in transfers):.6f}",
+                                   "hybridtrain.transfer.count": len(transfers)})
     registry.set_tags(run_id, {**lineage.tags(), "hybridtrain.model_version": promotion.version,
                                "hybridtrain.promoted": str(promotion.promoted).lower()})
     registry.log_metrics(run_id, {f"test_{k}": v for k, v in evaluation.metrics.items()})

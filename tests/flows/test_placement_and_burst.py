@@ -104,8 +104,8 @@ def test_lifecycle_bursts_when_the_onprem_pool_is_full(env, filled_pool):
     from hybridtrain.tracking.model_registry import Registry
 
     tags = Registry(env["ws"].tracking_uri).client.get_run(summary.mlflow_run_id).data.tags
-    assert tags["hybridtrain.placement.engine.site"] == "cloud-eu"
-    assert tags["hybridtrain.placement.engine.meets_deadline"] == "true"
+    assert tags["hybridtrain.placement.site"] == "cloud-eu"
+    assert tags["hybridtrain.placement.meets_deadline"] == "true"
 
 
 def test_burst_controller_moves_late_runs_and_holds_data_that_may_not_leave(env, filled_pool):

@@ -90,7 +90,7 @@ def test_promote_then_roll_back_restores_the_previous_version_everywhere(world):
     assert world.served() == ["2", "2"]
     tags = world.registry.version(world.model, "2").tags
     assert tags["hybridtrain.governance.promotion"] == "champion" and tags["hybridtrain.gate.lineage"].startswith("passed")
-    assert tags["hybridtrain.governance.release.cloud"].startswith("current at ")
+    assert tags["hybridtrain.release.cloud"].startswith("current at ")
     assert tags["hybridtrain.governance.bundle.manifest_sha256"] == second.release.manifest_sha256
 
     world.targets[1].remove(world.model, "1")  # the cloud target no longer holds v1: rollback re-releases it

@@ -147,7 +147,7 @@ def test_publish_rollback_and_retire_across_a_directory_and_an_object_store(tmp_
     assert record.action == "release" and record.manifest_sha256 == bundles["2"].manifest_sha256
     assert [(h.target, h.current, h.versions) for h in record.targets] == [
         ("directory-1", "2", ["1", "2"]), ("object-store-1", "2", ["1", "2"])]
-    assert record.tags()["hybridtrain.governance.release.directory-1"] == f"current at {onprem.url}"
+    assert record.tags()["hybridtrain.release.directory-1"] == f"current at {onprem.url}"
     assert archive.versions(MODEL) == ["1", "2"] and releaser.available_versions(MODEL) == ["1", "2"]
 
     # The cloud target lost v1 (say, a lifecycle rule deleted it): rollback re-releases it from the archive.
@@ -165,7 +165,7 @@ def test_publish_rollback_and_retire_across_a_directory_and_an_object_store(tmp_
     assert not (tmp_path / "directory-1" / "versions" / MODEL / "2").exists()
     assert not [o for o in cloud.store.list(f"versions/{MODEL}/2/")]
     assert archive.has(MODEL, "2")  # the retired bundle stays as evidence
-    assert gone.tags()["hybridtrain.governance.release.object-store-1"].startswith("absent at ")
+    assert gone.tags()["hybridtrain.release.object-store-1"].startswith("absent at ")
 
 
 def test_a_stage_refused_by_one_target_moves_no_pointer(tmp_path, bundles):

@@ -83,7 +83,7 @@ def test_replay_is_reproducible_and_every_baseline_is_there(sample):
     strip = [dataclasses.replace(r, seconds=0.0) for r in rows]
     assert strip == [dataclasses.replace(r, seconds=0.0) for r in again]
     assert [r.name for r in rows] == ["onprem_fifo", "cloud_on_demand", "threshold_0", "threshold_4", "greedy_spot",
-                                      "ours"]
+                                      "spot_burst_4", "ours"]
     bound = bound_metrics(scenario, sample)
     assert all(bound.total_usd <= r.total_usd + 1e-6 for r in rows)
     by = {r.name: r for r in rows}
