@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hybridtrain.errors import HybridtrainError, Problem, SpecError
@@ -28,7 +29,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-data_app = typer.Typer(help="Sample data: generate and version it with DVC.", no_args_is_help=True)
+data_app = typer.Typer(help="The churn sample dataset (synthetic customers): generate it and version it with DVC.",
+                       no_args_is_help=True)
 app.add_typer(data_app, name="data")
 # Piped output (CI logs, `make demo | tee`) gets a wide fixed width instead of rich's 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -53,18 +55,12 @@ def _ws(home: Path | None) -> Workspace:
 
 
 def _fail(exc: HybridtrainError) -> None:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+    # The message is text, not markup: escape it, or rich would eat "[a, b]" in it.
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
     raise typer.Exit(exc.exit_code)
 
 
 # -- validate / schema -----------------------------------------------------------------------
-
-
-def _kind_of(path: Path) -> str:
-    from hybridtrain.specs.config_file import read_yaml
-
-    data, _ = read_yaml(path)
-    return data.get("kind", "TrainingJob") if isinstance(data, dict) else "TrainingJob"
 
 
 @app.command()
@@ -72,28 +68,19 @@ def validate(
     files: Annotated[list[Path], typer.Argument(help="Job specs, sites catalogs or policy files.")],
     home: HomeOpt = None,
 ) -> None:
-    """Check files and report every problem with its field path and line."""
-    from hybridtrain.specs.job import load_spec
-    from hybridtrain.specs.sites import SitesCatalog
+    """Check files completely — a job spec against the sites catalog, the policy and the registries —
+    and report every problem with its field path and line, in one pass."""
+    from hybridtrain.validation import validate_file
 
     ws = Workspace.resolve(home)
     failed = 0
     for f in files:
         try:
-            kind = _kind_of(f)
-            if kind == "SitesCatalog":
-                SitesCatalog.load(f)
-            elif kind == "PlacementPolicy":
-                from hybridtrain.placement.policy import Policy
-
-                Policy.load(f)
-            else:
-                sites = SitesCatalog.load(ws.sites_file) if ws.sites_file.is_file() else None
-                load_spec(f, sites)
-            console.print(f"[green]ok[/] {f} ({kind})")
+            kind = validate_file(f, ws.sites_file, ws.policy_file)
+            console.print(f"[green]ok[/] {escape(str(f))} ({kind})")
         except HybridtrainError as exc:
             failed += 1
-            err.print(f"[bold red]invalid[/] {exc}", highlight=False)
+            err.print(f"[bold red]invalid[/] {escape(str(exc))}", highlight=False)
     if failed:
         raise typer.Exit(2)
 
@@ -182,22 +169,43 @@ def data_generate(
     pin: Annotated[Path | None, typer.Option(help="Job spec whose dataset.md5 to set to this version.")] = None,
     home: HomeOpt = None,
 ) -> None:
-    """Generate data/raw/churn.csv (if missing), version it with DVC and push it to the on-prem store."""
+    """Generate the churn sample — data/raw/churn.csv, synthetic customers with PII-like columns, the data
+    jobs/churn.yaml trains on — if missing; version it with DVC and push it to the on-prem store.
+
+    It makes only this dataset. For your own data: `dvc add data/raw/yours.csv`, then pin its md5 in your
+    spec's dataset.md5."""
     ws = _ws(home)
     try:
         md5, generated = ensure_sample_data(ws, rows, seed, pin)
     except HybridtrainError as exc:
         _fail(exc)
-    console.print(f"data/raw/churn.csv {'generated' if generated else 'present'}; DVC md5 {md5}")
+    console.print(f"churn sample data/raw/churn.csv {'generated' if generated else 'present'}; DVC md5 {md5}")
 
 
 # -- run / status / demo ---------------------------------------------------------------------
 
 
-def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch: str) -> Any:
-    from flows.lifecycle import lifecycle
+def _policy(ws: Workspace, sites: Any) -> Any:
+    from hybridtrain.placement.policy import Policy
 
-    return lifecycle(spec_path=str(spec_path), workspace=str(ws.root), run_key=run_key, dispatch=dispatch)
+    return Policy.load(ws.policy_file, sites) if ws.policy_file.is_file() else None
+
+
+def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch: str) -> Any:
+    """Run the flow; a user error prints one clear line (Prefect's traceback goes to the run's log file only)."""
+    import logging
+
+    from flows.lifecycle import lifecycle
+    from hybridtrain.cli.run_log import RunLog
+
+    with RunLog(ws.state_dir / "logs") as log:
+        try:
+            return lifecycle(spec_path=str(spec_path), workspace=str(ws.root), run_key=run_key, dispatch=dispatch)
+        except HybridtrainError as exc:
+            logging.getLogger("hybridtrain.cli").error("the run failed: %s", exc, exc_info=exc)
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+            err.print(f"(the run's log, with Prefect's traceback: {log.path})", highlight=False, markup=False)
+            raise typer.Exit(exc.exit_code) from None
 
 
 def print_summary(summary: Any, ws: Workspace) -> None:
@@ -263,8 +271,9 @@ def run(
         raise typer.Exit(2)
     ws = _ws(home)
     try:
-        from hybridtrain.specs.job import load_spec
-        load_spec(spec if spec.is_absolute() else ws.root / spec, ws.load_sites())
+        from hybridtrain.validation import load_job
+        sites = ws.load_sites()
+        load_job(spec if spec.is_absolute() else ws.root / spec, sites, _policy(ws, sites))
         summary = _run_lifecycle(ws, spec, run_key, dispatch)
     except HybridtrainError as exc:
         _fail(exc)
@@ -323,8 +332,9 @@ def demo(
     try:
         _init_workspace(ws)
         md5, generated = ensure_sample_data(ws, rows, 20261121, None)
-        from hybridtrain.specs.job import load_spec
-        job = load_spec(ws.root / spec if not spec.is_absolute() else spec, ws.load_sites())
+        from hybridtrain.validation import load_job
+        sites = ws.load_sites()
+        job = load_job(ws.root / spec if not spec.is_absolute() else spec, sites, _policy(ws, sites))
         if job.dataset.md5 != md5:
             raise SpecError(str(spec), [Problem("dataset.md5", f"pins {job.dataset.md5} but the generated sample "
                                                                f"data is {md5}; run `hybridtrain data generate "
@@ -449,7 +459,7 @@ def main() -> None:
     try:
         app()
     except HybridtrainError as exc:  # a command that forgot to catch: still no traceback
-        err.print(f"error: {exc}")
+        err.print(f"error: {exc}", markup=False, highlight=False)
         sys.exit(exc.exit_code)
 
 

@@ -298,9 +298,9 @@ def check_scenarios(names: Sequence[str] | None) -> list[str]:
 
 def drill_spec(steps: int, interval: int, data_site: str) -> JobSpec:
     """The drill's job: a small MLP on ``drill_frame``; ``steps`` per run in ``EPOCHS`` epochs of ``BATCH_SIZE`` rows."""
-    from hybridtrain.specs.job import parse_spec
+    from hybridtrain.validation import parse_job
 
-    return parse_spec({
+    return parse_job({
         "apiVersion": "hybridtrain/v1",
         "metadata": {"name": JOB, "description": "Failover drill (hybridtrain drill): synthetic data, no PII."},
         "dataset": {"path": "data/raw/failover-drill.csv", "md5": "0" * 32, "site": data_site},
