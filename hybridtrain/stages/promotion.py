@@ -74,7 +74,7 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
 
     from hybridtrain.errors import GateFailed
     from hybridtrain.governance import promotion
-    from hybridtrain.governance.audit_log import AuditLog
+    from hybridtrain.governance.audit_key import workspace_log
     from hybridtrain.governance.bundle import BundleDataset, ModelBundle
     from hybridtrain.governance.gates import GateInputs, evaluate_gates
     from hybridtrain.governance.ledger import CostLedger
@@ -98,7 +98,7 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
     key = SigningKey.from_pem(signing_key_pem)
     publish_public_key(ws, key.public.to_pem())
     releaser = releaser_for(ws, spec, sites, key.public)
-    audit = AuditLog.in_workspace(ws.root)
+    audit = workspace_log(ws.root)
     champion = registry.by_alias(name, CHAMPION)
     with tempfile.TemporaryDirectory(prefix="hybridtrain-bundle-") as tmp:
         mlflow.set_tracking_uri(ws.tracking_uri)

@@ -19,10 +19,10 @@ if TYPE_CHECKING:
 
 
 def audit(ws: Workspace) -> Any:
-    """The workspace's append-only audit log."""
-    from hybridtrain.governance.audit_log import AuditLog
+    """The workspace's append-only audit log, its head signed with the workspace's audit key."""
+    from hybridtrain.governance.audit_key import workspace_log
 
-    return AuditLog.in_workspace(ws.root)
+    return workspace_log(ws.root)
 
 
 def control_site(ws: Workspace, sites: SitesCatalog) -> Site:
