@@ -1,7 +1,10 @@
-"""GovernanceCommands: ``hybridtrain audit verify``, ``ledger``, ``rollback`` and ``retire``, mounted by ``register(app)``.
+"""GovernanceCommands: ``audit verify``, ``bundle verify``, ``ledger``, ``rollback`` and ``retire``, via ``register(app)``.
 
 - ``audit verify`` checks the workspace's audit log (``.hybridtrain/audit/audit.jsonl``, or
-  ``--log``): every edited, removed, reordered or cut-off record is listed; exit 8 if any.
+  ``--log``): every edited, removed, reordered or cut-off record is listed; exit 8 if any. The
+  head's signature is checked against ``--public-key`` or, for the workspace's log, its audit
+  public key (``hybridtrain.governance.audit_key``).
+- ``bundle verify PATH`` checks a bundle directory or packed archive against the release public key.
 - ``ledger MODEL`` prices the model's run records (MLflow runs tagged
   ``hybridtrain.governance.ledger.model``) per version; ``--png`` writes the chart, ``--attach`` writes
   each version's ``hybridtrain.cost.*`` tags.

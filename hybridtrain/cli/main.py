@@ -204,7 +204,8 @@ def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch
         except HybridtrainError as exc:
             logging.getLogger("hybridtrain.cli").error("the run failed: %s", exc, exc_info=exc)
             err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-            err.print(f"(the run's log, with Prefect's traceback: {log.path})", highlight=False, markup=False)
+            err.print(f"(the run's log, with Prefect's traceback: {log.path})", highlight=False, markup=False,
+                      soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
 
 

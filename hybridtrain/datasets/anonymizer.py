@@ -502,8 +502,8 @@ def _k_problem(spec: JobSpec, qis: list[str], k: int, sizes: np.ndarray, small: 
         "sensitive.k_anonymity",
         f"k-anonymity k={k} over quasi-identifiers ({names}) is not met after treatment: "
         f"{int(small.sum())} row(s) are in groups smaller than {k} (the smallest group has "
-        f"{int(sizes.min())} row(s)); coarsen them ({hints}) or set sensitive.on_k_violation: suppress "
-        "to drop those rows",
+        f"{int(sizes.min())} row(s)); use coarser generalization levels ({hints}) or set "
+        "sensitive.on_k_violation: suppress to drop those rows",
     )
 
 

@@ -229,8 +229,9 @@ class _Target:
             bundle = self.fetch(model, version, Path(tmp) / "bundle").verify(self.trusted_key)
             if bundle.manifest_sha256 != marker.manifest_sha256:
                 raise BundleRejected(f"{self.url} v{version}", [Problem(
-                    "manifest.json", f"target {self.name} holds a bundle with manifest {bundle.manifest_sha256[:12]}… "
-                                     f"but released {marker.manifest_sha256[:12]}…: it was replaced")])
+                    "manifest.json", f"target {self.name} holds a bundle with manifest "
+                                     f"{bundle.manifest_sha256[:12]}… but released {marker.manifest_sha256[:12]}…: "
+                                     "it was replaced")])
         return marker
 
     def set_current(self, model: str, version: str) -> None:

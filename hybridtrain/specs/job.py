@@ -390,7 +390,8 @@ class JobSpec(Strict):
                 try:
                     return timedelta(**{unit: float(m.group(1))})
                 except OverflowError:
-                    raise ValueError(f"{v.strip()} is too long; a deadline is at most {MAX_DEADLINE_DAYS} days") from None
+                    raise ValueError(f"{v.strip()} is too long; a deadline is at most "
+                                     f"{MAX_DEADLINE_DAYS} days") from None
         return v
 
     @field_validator("deadline")

@@ -1,4 +1,4 @@
-"""Fuzzing `hybridtrain validate` over specs, policies and sites catalogs: exit 0 or 2, never a traceback, within bounds."""
+"""Fuzzing `hybridtrain validate` over specs, policies and sites: exit 0 or 2, never a traceback, within bounds."""
 
 from __future__ import annotations
 
