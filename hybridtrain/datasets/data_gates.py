@@ -73,7 +73,7 @@ def problems(spec: JobSpec, frame: pd.DataFrame, report: AnonymizationReport) ->
         values = frame[label]
         classes = values.dropna().unique()
         if len(classes) < 2:
-            only = f"only {classes[0]!r}" if len(classes) else "no values"
+            only = f"only {_plain(classes[0])!r}" if len(classes) else "no values"
             found.append(Problem(f"column {label}", f"the label has {only}: a classifier needs both classes — "
                                                     "check the export or the label column"))
         else:
@@ -81,7 +81,7 @@ def problems(spec: JobSpec, frame: pd.DataFrame, report: AnonymizationReport) ->
                 part = values[split == name].dropna().unique()
                 if int(counts.get(name, 0)) and len(part) < 2:
                     found.append(Problem(f"column {label}", f"the {name} split has a single label class "
-                                                            f"({part[0]!r}); use more data"))
+                                                            f"({_plain(part[0])!r}); use more data"))
 
     feats = spec.model.features
     for column in [*feats.numeric, *feats.categorical]:
@@ -93,10 +93,16 @@ def problems(spec: JobSpec, frame: pd.DataFrame, report: AnonymizationReport) ->
             found.append(Problem(f"column {column}", "the feature has no values (empty or all missing): remove it "
                                                      "from model.features or fix the export"))
         elif present.nunique() < 2:
-            found.append(Problem(f"column {column}", f"the feature is constant ({present.iloc[0]!r} in every row "
-                                                     "that has a value): it carries nothing — remove it from "
-                                                     "model.features"))
+            only = _plain(present.iloc[0])
+            found.append(Problem(f"column {column}", f"the feature is constant ({only!r} in every row that has a "
+                                                     "value): it carries nothing — remove it from model.features"))
     return found
+
+
+def _plain(value: object) -> object:
+    """A numpy scalar as the Python value it holds (so messages say 0, not np.int64(0))."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) else value
 
 
 def check(spec: JobSpec, frame: pd.DataFrame, report: AnonymizationReport) -> None:
