@@ -107,6 +107,8 @@ def must_refuse(root: Path = ROOT) -> list[Case]:
         "job_classes:\n", "job_classes:\n  standard: {capacity_classes: [fixed, burst, opportunistic]}\n", 1).encode()))
     cases.append(Case("sites", "duplicate site key", sites.replace("sites:\n", "sites:\n", 1).replace(
         "kind: onprem", "kind: onprem\n    kind: cloud", 1).encode()))
+    cases.append(Case("sites", "store path escapes the workspace", sites.replace(
+        "path: .hybridtrain/stores/onprem-dc1", "path: ../../../tmp/evil").encode()))
     cases.append(Case("sites", "binary sites file", b"\x89PNG\r\n\x1a\n" + os.urandom(512)))
     return cases
 
