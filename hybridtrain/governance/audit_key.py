@@ -15,6 +15,7 @@ same key.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from hybridtrain.errors import Problem, SpecError
@@ -54,6 +55,9 @@ def signing_key(root: Path | str) -> SigningKey:
                 os.fsync(fh.fileno())
             public_key_path(root).write_bytes(key.public.to_pem())
             return key
+    deadline = time.monotonic() + 5.0
+    while path.stat().st_size == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # another process created it an instant ago and is still writing it
     try:
         return SigningKey.from_pem(path.read_bytes())
     except (OSError, ValueError) as exc:
