@@ -17,9 +17,11 @@ from pydantic import Field
 from flows.data import Prepared, prepare_data, sync_data
 from flows.supervise import train_with_recovery
 from hybridtrain import stages
-from hybridtrain.specs.job import JobSpec, load_spec, parse_spec
+from hybridtrain.placement.policy import Policy
+from hybridtrain.specs.job import JobSpec
 from hybridtrain.stages.summary import RunSummary
 from hybridtrain.tracking.model_registry import Registry
+from hybridtrain.validation import load_job, parse_job
 from hybridtrain.workspace import Workspace
 from orchestration.context import run_workspace
 from orchestration.dispatch import Mode, run_stage
@@ -34,10 +36,11 @@ QUEUE_ALLOWANCE_S = 3600
 @task(name="validate-spec")
 def validate_spec(ws: Workspace, spec_path: str, spec: JobSpec | None) -> JobSpec:
     sites = ws.load_sites()
+    policy = Policy.load(ws.policy_file, sites) if ws.policy_file.is_file() else None
     if spec is not None:
-        return parse_spec(spec.to_dict(), source="spec parameter", sites=sites)
+        return parse_job(spec.to_dict(), source="spec parameter", sites=sites, policy=policy)
     path = Path(spec_path)
-    return load_spec(path if path.is_absolute() else ws.root / path, sites)
+    return load_job(path if path.is_absolute() else ws.root / path, sites, policy)
 
 
 class Approval(RunInput):

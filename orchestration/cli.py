@@ -8,12 +8,15 @@ installed entry point.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
+from flows.lifecycle import lifecycle
 from hybridtrain.cli.main import (
     HomeOpt,
     app,
@@ -26,7 +29,10 @@ from hybridtrain.cli.main import (
     open_workspace,
     print_summary,
 )
+from hybridtrain.cli.run_log import RunLog
 from hybridtrain.errors import HybridtrainError, Problem, SpecError
+from hybridtrain.placement.policy import Policy
+from hybridtrain.validation import load_job
 from hybridtrain.workspace import Workspace
 
 __all__ = ["app", "main"]
@@ -51,10 +57,21 @@ def init(home: HomeOpt = None) -> None:
     console.print(f"workspace ready at {ws.root}; pseudonym key {'created' if created else 'already present'}")
 
 
-def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch: str) -> Any:
-    from flows.lifecycle import lifecycle
+def _policy(ws: Workspace, sites: Any) -> Any:
+    return Policy.load(ws.policy_file, sites) if ws.policy_file.is_file() else None
 
-    return lifecycle(spec_path=str(spec_path), workspace=str(ws.root), run_key=run_key, dispatch=dispatch)
+
+def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch: str) -> Any:
+    """Run the flow; a user error prints one clear line (Prefect's traceback goes to the run's log file only)."""
+    with RunLog(ws.state_dir / "logs") as log:
+        try:
+            return lifecycle(spec_path=str(spec_path), workspace=str(ws.root), run_key=run_key, dispatch=dispatch)
+        except HybridtrainError as exc:
+            logging.getLogger("hybridtrain.cli.main").error("the run failed: %s", exc, exc_info=exc)
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+            err.print(f"(the run's log, with Prefect's traceback: {log.path})", highlight=False, markup=False,
+                      soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
 
 
 @app.command()
@@ -72,8 +89,8 @@ def run(
         raise typer.Exit(2)
     ws = open_workspace(home)
     try:
-        from hybridtrain.specs.job import load_spec
-        load_spec(spec if spec.is_absolute() else ws.root / spec, ws.load_sites())
+        sites = ws.load_sites()
+        load_job(spec if spec.is_absolute() else ws.root / spec, sites, _policy(ws, sites))
         summary = _run_lifecycle(ws, spec, run_key, dispatch)
     except HybridtrainError as exc:
         fail(exc)
@@ -91,8 +108,8 @@ def demo(
     try:
         init_workspace(ws)
         md5, generated = ensure_sample_data(ws, rows, 20261121, None)
-        from hybridtrain.specs.job import load_spec
-        job = load_spec(ws.root / spec if not spec.is_absolute() else spec, ws.load_sites())
+        sites = ws.load_sites()
+        job = load_job(ws.root / spec if not spec.is_absolute() else spec, sites, _policy(ws, sites))
         if job.dataset.md5 != md5:
             raise SpecError(str(spec), [Problem("dataset.md5", f"pins {job.dataset.md5} but the generated sample "
                                                                f"data is {md5}; run `hybridtrain data generate "

@@ -1,7 +1,10 @@
-"""GovernanceCommands: ``hybridtrain audit verify``, ``ledger``, ``rollback`` and ``retire``, mounted by ``register(app)``.
+"""GovernanceCommands: ``audit verify``, ``bundle verify``, ``ledger``, ``rollback`` and ``retire``, via ``register(app)``.
 
 - ``audit verify`` checks the workspace's audit log (``.hybridtrain/audit/audit.jsonl``, or
-  ``--log``): every edited, removed, reordered or cut-off record is listed; exit 8 if any.
+  ``--log``): every edited, removed, reordered or cut-off record is listed; exit 8 if any. The
+  head's signature is checked against ``--public-key`` or, for the workspace's log, its audit
+  public key (``hybridtrain.governance.audit_key``).
+- ``bundle verify PATH`` checks a bundle directory or packed archive against the release public key.
 - ``ledger MODEL`` prices the model's run records (MLflow runs tagged
   ``hybridtrain.ledger.model``) per version; ``--png`` writes the chart, ``--attach`` writes
   each version's ``hybridtrain.cost.*`` tags.
@@ -28,7 +31,7 @@ from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 
 from hybridtrain.errors import HybridtrainError, Problem, ReleaseRefused, SpecError
-from hybridtrain.governance.audit_log import AuditHead, AuditLog
+from hybridtrain.governance.audit_log import AuditHead
 from hybridtrain.governance.ledger import (
     RUN_RECORD_ARTIFACT,
     RUN_RECORD_TAG,
@@ -41,7 +44,6 @@ from hybridtrain.governance.ledger import (
 from hybridtrain.governance.promotion import retire, rollback
 from hybridtrain.governance.release import BundleArchive, Releaser, open_targets
 from hybridtrain.governance.signing_key import VerifyKey
-from hybridtrain.specs.job import ReleaseTargetSpec, load_spec
 from hybridtrain.specs.sites import SitesCatalog
 from hybridtrain.storage import open_store
 from hybridtrain.tracking.model_registry import CHAMPION, Registry
@@ -50,6 +52,7 @@ from hybridtrain.workspace import Workspace
 console = Console()
 err_console = Console(stderr=True)
 audit_app = typer.Typer(help="The audit log: verify its hash chain and head anchor.", no_args_is_help=True)
+bundle_app = typer.Typer(help="Signed model bundles: verify one.", no_args_is_help=True)
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Workspace root (default: HYBRIDTRAIN_HOME or cwd).")]
 KeyOpt = Annotated[Path | None, typer.Option(
@@ -72,8 +75,10 @@ def _actor(actor: str | None) -> str:
 
 
 def _audit_log(ws: Workspace, log: Path | None):
+    from hybridtrain.governance.audit_key import workspace_log
+    from hybridtrain.governance.audit_log import AuditLog
 
-    return AuditLog(log) if log is not None else AuditLog.in_workspace(ws.root)
+    return AuditLog(log) if log is not None else workspace_log(ws.root)
 
 
 # -- audit verify -------------------------------------------------------------------------------
@@ -100,9 +105,14 @@ def audit_verify(
 ) -> None:
     """Verify the audit log's hash chain and head: list every edited, removed, reordered or cut-off record."""
     try:
+        from hybridtrain.governance import audit_key
+        from hybridtrain.governance.audit_log import AuditLog
+
         ws = Workspace.resolve(home)
-        audit = _audit_log(ws, log)
-        key = _read_key(public_key) if public_key is not None else None
+        audit = AuditLog(log) if log is not None else AuditLog.in_workspace(ws.root)  # reading makes no key
+        # Without --public-key, a workspace log is checked against the workspace's own audit public key.
+        key = (_read_key(public_key) if public_key is not None
+               else audit_key.verify_key(ws.root) if log is None else None)
         anchors = [_parse_anchor(a) for a in anchor or []]
         if not audit.path.exists() and not audit.head_path.exists():
             raise SpecError("--log", [Problem(str(audit.path), "no audit log here: nothing has been recorded at this "
@@ -193,9 +203,11 @@ def _read_key(path: Path):
 
 def _target_specs(ws: Workspace, spec: Path | None, tags: dict[str, str], model: str):
 
+    from hybridtrain.specs.job import ReleaseTargetSpec
+    from hybridtrain.validation import load_job
 
     if spec is not None:
-        return load_spec(spec if spec.is_absolute() else ws.root / spec).promotion.release_targets
+        return load_job(spec if spec.is_absolute() else ws.root / spec).promotion.release_targets
     raw = tags.get(TARGET_SPECS_TAG)
     if raw is None:
         raise SpecError("release targets", [Problem(model, "no release targets are recorded on this model version; "
@@ -273,9 +285,36 @@ def retire_command(
                   highlight=False, markup=False)
 
 
+@bundle_app.command("verify")
+def bundle_verify(
+    path: Annotated[Path, typer.Argument(help="A bundle directory, or a packed bundle (.tar) from the archive.")],
+    public_key: KeyOpt = None,
+    home: HomeOpt = None,
+) -> None:
+    """Check that a model bundle is exactly what the release key signed: every file, the manifest, the signature."""
+    import tempfile
+
+    from hybridtrain.governance.bundle import ModelBundle
+
+    try:
+        ws = Workspace.resolve(home)
+        key = _read_key(public_key or ws.release_public_key)
+        if not path.exists():
+            raise SpecError("bundle verify", [Problem(str(path), "no such bundle directory or archive")])
+        with tempfile.TemporaryDirectory(prefix="hybridtrain-bundle-verify-") as tmp:
+            bundle = (ModelBundle(path) if path.is_dir()
+                      else ModelBundle.unpack(path, Path(tmp) / "bundle"))
+            bundle.verify(key)
+            what = f"{bundle.model} v{bundle.version}, manifest {bundle.manifest_sha256[:16]}…"
+    except HybridtrainError as exc:
+        raise fail(exc) from None
+    console.print(f"bundle {path}: verified ({what}); signed by {key.key_id}", highlight=False, markup=False)
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``audit verify``, ``ledger``, ``rollback`` and ``retire`` to the main CLI."""
+    """Add ``audit verify``, ``bundle verify``, ``ledger``, ``rollback`` and ``retire`` to the main CLI."""
     app.add_typer(audit_app, name="audit")
+    app.add_typer(bundle_app, name="bundle")
     app.command("ledger")(ledger)
     app.command("rollback")(rollback_command)
     app.command("retire")(retire_command)

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hybridtrain.cli import governance as cli_governance
@@ -24,10 +25,7 @@ from hybridtrain.cli import placement as cli_placement
 from hybridtrain.drill.runner import run_drill
 from hybridtrain.drill.scenarios import check_scenarios
 from hybridtrain.errors import HybridtrainError
-from hybridtrain.placement.policy import Policy
-from hybridtrain.specs.config_file import read_yaml
-from hybridtrain.specs.job import json_schema, load_spec
-from hybridtrain.specs.sites import SitesCatalog
+from hybridtrain.specs.job import json_schema
 from hybridtrain.tracking.model_registry import CHAMPION, Registry
 from hybridtrain.workspace import Workspace
 
@@ -38,7 +36,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-data_app = typer.Typer(help="Sample data: generate and version it with DVC.", no_args_is_help=True)
+data_app = typer.Typer(help="The churn sample dataset (synthetic customers): generate it and version it with DVC.",
+                       no_args_is_help=True)
 app.add_typer(data_app, name="data")
 # Piped output (CI logs, `make demo | tee`) gets a wide fixed width instead of rich's 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -63,17 +62,12 @@ def open_workspace(home: Path | None) -> Workspace:
 
 
 def fail(exc: HybridtrainError) -> None:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+    # The message is text, not markup: escape it, or rich would eat "[a, b]" in it.
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
     raise typer.Exit(exc.exit_code)
 
 
 # -- validate / schema -----------------------------------------------------------------------
-
-
-def _kind_of(path: Path) -> str:
-
-    data, _ = read_yaml(path)
-    return data.get("kind", "TrainingJob") if isinstance(data, dict) else "TrainingJob"
 
 
 @app.command()
@@ -81,25 +75,19 @@ def validate(
     files: Annotated[list[Path], typer.Argument(help="Job specs, sites catalogs or policy files.")],
     home: HomeOpt = None,
 ) -> None:
-    """Check files and report every problem with its field path and line."""
+    """Check files completely — a job spec against the sites catalog, the policy and the registries —
+    and report every problem with its field path and line, in one pass."""
+    from hybridtrain.validation import validate_file
 
     ws = Workspace.resolve(home)
     failed = 0
     for f in files:
         try:
-            kind = _kind_of(f)
-            if kind == "SitesCatalog":
-                SitesCatalog.load(f)
-            elif kind == "PlacementPolicy":
-
-                Policy.load(f)
-            else:
-                sites = SitesCatalog.load(ws.sites_file) if ws.sites_file.is_file() else None
-                load_spec(f, sites)
-            console.print(f"[green]ok[/] {f} ({kind})")
+            kind = validate_file(f, ws.sites_file, ws.policy_file)
+            console.print(f"[green]ok[/] {escape(str(f))} ({kind})")
         except HybridtrainError as exc:
             failed += 1
-            err.print(f"[bold red]invalid[/] {exc}", highlight=False)
+            err.print(f"[bold red]invalid[/] {escape(str(exc))}", highlight=False)
     if failed:
         raise typer.Exit(2)
 
@@ -168,13 +156,17 @@ def data_generate(
     pin: Annotated[Path | None, typer.Option(help="Job spec whose dataset.md5 to set to this version.")] = None,
     home: HomeOpt = None,
 ) -> None:
-    """Generate data/raw/churn.csv (if missing), version it with DVC and push it to the on-prem store."""
+    """Generate the churn sample — data/raw/churn.csv, synthetic customers with PII-like columns, the data
+    jobs/churn.yaml trains on — if missing; version it with DVC and push it to the on-prem store.
+
+    It makes only this dataset. For your own data: `dvc add data/raw/yours.csv`, then pin its md5 in your
+    spec's dataset.md5."""
     ws = open_workspace(home)
     try:
         md5, generated = ensure_sample_data(ws, rows, seed, pin)
     except HybridtrainError as exc:
         fail(exc)
-    console.print(f"data/raw/churn.csv {'generated' if generated else 'present'}; DVC md5 {md5}")
+    console.print(f"churn sample data/raw/churn.csv {'generated' if generated else 'present'}; DVC md5 {md5}")
 
 
 # -- run / status / demo ---------------------------------------------------------------------
@@ -315,7 +307,7 @@ def main() -> None:
     try:
         app()
     except HybridtrainError as exc:  # a command that forgot to catch: still no traceback
-        err.print(f"error: {exc}")
+        err.print(f"error: {exc}", markup=False, highlight=False)
         sys.exit(exc.exit_code)
 
 

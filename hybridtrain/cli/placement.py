@@ -27,8 +27,8 @@ from hybridtrain.placement.policy import Policy
 from hybridtrain.placement.queue_state import QueueState
 from hybridtrain.placement.request import request_from_spec, to_epoch
 from hybridtrain.placement.spot_market import SpotOutlook
-from hybridtrain.specs.job import load_spec
 from hybridtrain.specs.sites import SitesCatalog
+from hybridtrain.validation import load_job
 
 console = Console()
 err_console = Console(stderr=True)
@@ -93,7 +93,7 @@ def plan(
     try:
         sites = SitesCatalog.load(sites_path)
         policy = Policy.load(policy_path, sites)
-        job = load_spec(spec, sites)
+        job = load_job(spec, sites, policy)
         t = to_epoch(datetime.fromisoformat(now.replace("Z", "+00:00"))) if now else datetime.now(UTC).timestamp()
         queues = {q.site: q for q in (parse_queue(x, sites) for x in queue or [])}
         outlooks = dict(parse_spot(x, sites) for x in spot or [])

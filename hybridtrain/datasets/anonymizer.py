@@ -192,7 +192,7 @@ class Anonymizer:
         if k is not None and sizes is not None and len(sizes) and sizes.min() < k:
             small = sizes < k
             if spec.sensitive.on_k_violation == "fail":
-                raise DataError(spec.dataset.path, [_k_problem(qis, k, sizes, small)])
+                raise DataError(spec.dataset.path, [_k_problem(spec, qis, k, sizes, small)])
             out = out[~small]
             sizes = sizes[~small]
         report = AnonymizationReport(
@@ -468,15 +468,42 @@ def _group_sizes(frame: pd.DataFrame, columns: list[str]) -> np.ndarray:
     return np.bincount(key)[key] if len(key) else np.zeros(0, dtype=np.int64)
 
 
-def _k_problem(qis: list[str], k: int, sizes: np.ndarray, small: np.ndarray) -> Problem:
+def coarser_level(spec: JobSpec, column: str) -> str:
+    """A hint naming a generalization of ``column`` coarser than its current one, that exists for its type."""
+    declared = spec.data_schema.columns.get(column)
+    rule = spec.sensitive.columns.get(column)
+    path = f"sensitive.columns.{column}"
+    current = rule.level if rule is not None and rule.treatment is Treatment.generalize else None
+    if declared is ColumnType.date:
+        order = ["year_month", "year", "decade"]
+        nxt = order[order.index(current) + 1] if current in order[:-1] else None
+        if current is None:
+            return f"{path}: {{treatment: generalize, level: year}}"
+        return f"{path}.level: {nxt}" if nxt else f"drop {column} from quasi_identifiers (decade is the coarsest)"
+    if declared in NUMERIC_TYPES:
+        if current is None:
+            return f"{path}: {{treatment: generalize, level: bucket:10}}"
+        width = float(current.split(":", 1)[1]) * 2
+        return f"{path}.level: bucket:{width:g}"
+    if current is None:
+        return f"{path}: {{treatment: generalize, level: prefix:3}}"
+    if current.startswith("prefix:"):
+        n = int(current.split(":", 1)[1])
+        return f"{path}.level: prefix:{n - 1}" if n > 1 else f"drop {column} from quasi_identifiers"
+    if current == "outward":
+        return f"{path}.level: area (UK postcodes) or prefix:2"
+    return f"{path}.level: prefix:1"
+
+
+def _k_problem(spec: JobSpec, qis: list[str], k: int, sizes: np.ndarray, small: np.ndarray) -> Problem:
     names = ", ".join(qis)
+    hints = "; ".join(coarser_level(spec, q) for q in qis)
     return Problem(
         "sensitive.k_anonymity",
-        f"k-anonymity k={k} over quasi-identifiers [{names}] is not met after treatment: "
+        f"k-anonymity k={k} over quasi-identifiers ({names}) is not met after treatment: "
         f"{int(small.sum())} row(s) are in groups smaller than {k} (the smallest group has "
-        f"{int(sizes.min())} row(s)); use coarser generalization levels for {names} (e.g. decade "
-        "instead of year, area instead of outward) or set sensitive.on_k_violation: suppress "
-        "to drop those rows",
+        f"{int(sizes.min())} row(s)); use coarser generalization levels ({hints}) or set "
+        "sensitive.on_k_violation: suppress to drop those rows",
     )
 
 

@@ -233,7 +233,8 @@ class DvcRepo:
                     version.path,
                     [Problem(version.path, f"version {version.md5} could not be fetched from remote "
                                            f"{remote or '(default)'}: {exc}. Push it there first "
-                                           "(hybridtrain data add) or pin a version that exists.")],
+                                           "(`dvc push -r REMOTE {version.path}`; for the churn sample, "
+                                           "`hybridtrain data generate`) or pin a version that exists.")],
                 ) from None
         return self.root / version.path
 

@@ -3,7 +3,7 @@
 Steps, each deterministic: read the raw file; check it against the spec's schema (missing
 column, unparsable values, empty file, all-null label, non-binary label, missing entity keys
 → ``DataError`` naming the column and what to fix); keep only declared columns (an undeclared
-column could carry personal data nobody classified); clean (trim text, lower-case emails,
+column could carry personal data nobody classified); clean (trim text, lower-case type email,
 drop rows without a label, keep one row per entity key); assign each entity to train/val/test
 by a keyed hash of its key so the split survives data changes; assign a partition — a keyed
 hash of the entity key, or ``layout.partition_by`` (a date's period, another column's hash).
@@ -19,7 +19,7 @@ import pandas as pd
 
 from hybridtrain.datasets import partitioned
 from hybridtrain.errors import DataError, Problem
-from hybridtrain.specs.job import ColumnType, JobSpec
+from hybridtrain.specs.job import TEXT_TYPES, ColumnType, JobSpec
 
 TRUE_WORDS = {"true", "1", "yes", "y", "t"}
 FALSE_WORDS = {"false", "0", "no", "n", "f"}
@@ -104,9 +104,9 @@ class Preprocessor:
     def clean(self, df: pd.DataFrame, report: CleanReport) -> pd.DataFrame:
         label, key = self.schema.label, self.schema.entity_key
         for col, ctype in self.schema.columns.items():
-            if ctype in (ColumnType.string, ColumnType.category):
+            if ctype in TEXT_TYPES:
                 df[col] = df[col].str.strip()
-                if "email" in col:
+                if ctype is ColumnType.email:  # by declared type, whatever the column is called
                     df[col] = df[col].str.lower()
         before = len(df)
         df = df[df[label].notna()]
@@ -169,7 +169,7 @@ class Preprocessor:
 def _coerce(series: pd.Series, ctype: ColumnType) -> tuple[pd.Series, pd.Series]:
     """Return the column in its declared type and a mask of non-empty values that did not parse."""
     present = series.notna()
-    if ctype in (ColumnType.string, ColumnType.category):
+    if ctype in TEXT_TYPES:
         return series.astype("string").astype(object).where(present, None), pd.Series(False, index=series.index)
     if ctype in (ColumnType.int, ColumnType.float):
         num = pd.to_numeric(series, errors="coerce")

@@ -19,10 +19,10 @@ from hybridtrain.drill.timeline import WAIT_S, DrillFailed, Timeline, wait_until
 from hybridtrain.drill.worker import BEACON_FILE, Beacon
 from hybridtrain.errors import HybridtrainError, Problem, SpecError
 from hybridtrain.remote.job_bundle import JobBundle
-from hybridtrain.specs.job import parse_spec
 from hybridtrain.specs.sites import DVC_SUBDIR
 from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.tracking.lineage import code_version
+from hybridtrain.validation import parse_job
 from hybridtrain.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 def drill_spec(steps: int, interval: int, data_site: str) -> JobSpec:
     """The drill's job: a small MLP on ``drill_frame``; ``steps`` per run in ``EPOCHS`` epochs of ``BATCH_SIZE`` rows."""
 
-    return parse_spec({
+    return parse_job({
         "apiVersion": "hybridtrain/v1",
         "metadata": {"name": JOB, "description": "Failover drill (hybridtrain drill): synthetic data, no PII."},
         "dataset": {"path": "data/raw/failover-drill.csv", "md5": "0" * 32, "site": data_site},

@@ -258,10 +258,26 @@ class AuditLog:
         if tail is not None and tail.seq > 0 and head is None and not problems:
             problems.append(Problem("head", f"the head anchor {self.head_path.name} is missing, so a cut tail "
                                             "cannot be ruled out"))
+        if head is not None and head.seq > 0 and not problems:
+            problems += self._signer_problems(head)
         if problems or tail is None:
             raise AuditLogInvalid(str(self.path), problems + [Problem(
                 "append", "refused; run `hybridtrain audit verify` and investigate before appending")])
         return tail
+
+    def _signer_problems(self, head: AuditHead) -> list[Problem]:
+        """A signed log stays signed by its key: a writer without it, or with another one, must not re-anchor it
+        (that would launder a rewritten chain); and a writer with a key does not adopt an unsigned head."""
+        key = self._signing_key
+        if key is None:
+            if head.signature is not None:
+                return [Problem("head", f"the head is signed by {head.key_id}; append with that signing key "
+                                        "(hybridtrain.governance.audit_key), not without one")]
+            return []
+        if head.signature is None:
+            return [Problem("head", "the head is not signed, but this writer signs: a rewritten log with a fresh "
+                                    "unsigned head looks exactly like this")]
+        return _signature_problems(head, key.public)
 
     def _last_line(self) -> bytes | None:
         """The last line (with its newline, if any) without reading the whole file; None when empty."""

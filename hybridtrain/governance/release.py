@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from hybridtrain.errors import Problem, ReleaseRefused, SpecError
+from hybridtrain.errors import BundleRejected, Problem, ReleaseRefused, SpecError
 from hybridtrain.governance.bundle import ModelBundle
 from hybridtrain.governance.signing_key import VerifyKey
 from hybridtrain.plugins import PluginRegistry
@@ -154,6 +154,8 @@ class ReleaseTarget(Protocol):
 
     def fetch(self, model: str, version: str, dest: Path) -> ModelBundle: ...
 
+    def verify_held(self, model: str, version: str) -> ReleaseMarker: ...
+
 
 TARGET_KINDS: PluginRegistry[type] = PluginRegistry("release target kind", default="directory")
 
@@ -217,6 +219,21 @@ class _Target:
         marker = ReleaseMarker(model=model, version=version, manifest_sha256=sha, key_id=bundle.key_id,
                                released_at=_now())
         self.meta.put_bytes(self._marker_key(model, version), marker.model_dump_json().encode())
+        return marker
+
+    def verify_held(self, model: str, version: str) -> ReleaseMarker:
+        """Check that the copy of ``version`` this target holds is still exactly the bundle that was signed and
+        released (its files, its signature, its manifest hash); ``BundleRejected`` if anything changed."""
+        marker = self.marker(model, version)
+        if marker is None:
+            raise ReleaseRefused(model, f"target {self.name} does not hold v{version}; release it there first")
+        with tempfile.TemporaryDirectory(prefix="hybridtrain-verify-") as tmp:
+            bundle = self.fetch(model, version, Path(tmp) / "bundle").verify(self.trusted_key)
+            if bundle.manifest_sha256 != marker.manifest_sha256:
+                raise BundleRejected(f"{self.url} v{version}", [Problem(
+                    "manifest.json", f"target {self.name} holds a bundle with manifest "
+                                     f"{bundle.manifest_sha256[:12]}… but released {marker.manifest_sha256[:12]}…: "
+                                     "it was replaced")])
         return marker
 
     def set_current(self, model: str, version: str) -> None:
@@ -464,7 +481,9 @@ class Releaser:
 
     def restore(self, model: str, version: str) -> ReleaseRecord:
         """Rollback: make ``version`` current on every target, re-releasing it (from the archive, else from a
-        target that still holds it) where it is missing. Every target verifies it again."""
+        target that still holds it) where it is missing. Every target verifies it again: the copy it holds is
+        checked against the trusted key and its release marker *before any* pointer moves, so a tampered copy
+        left on a target is refused (``BundleRejected``) instead of served again."""
         lacking = [t for t in self.targets if version not in t.versions(model)]
         sha = None
         if lacking:
@@ -473,6 +492,9 @@ class Releaser:
                 sha = bundle.manifest_sha256
                 for t in lacking:
                     t.accept(bundle)
+        for t in self.targets:
+            marker = t.verify_held(model, version)
+            sha = sha or marker.manifest_sha256
         for t in self.targets:
             t.set_current(model, version)
         return self._record(model, version, "rollback", sha)

@@ -11,6 +11,7 @@ are looked up by the name used in YAML (``policy.yaml`` ``default_strategy`` /
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -121,6 +122,11 @@ class StrategyRegistry:
             raise SpecError("placement strategy", [
                 Problem(f"strategy_options.{name}.{k}",
                         f"unknown option; {name} takes: {', '.join(known) or 'no options'}") for k in bad])
+        for k, v in options.items():
+            # Every option is a limit, a ratio or a count: a negative, NaN or infinite one is a typo.
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise SpecError("placement strategy", [
+                    Problem(f"strategy_options.{name}.{k}", f"must be a number >= 0, not {v!r}")])
         return self._classes[name](**options)
 
 

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hybridtrain.errors import Problem, SpecError
+from hybridtrain.specs import yaml_guard
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -31,27 +32,31 @@ def dotted(loc: Iterable[Any]) -> str:
     return out
 
 
-def _line_index(text: str) -> dict[tuple[Any, ...], int]:
-    """Map each key path in a YAML document to its 1-based line number (best effort)."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return {}
-    index: dict[tuple[Any, ...], int] = {}
+def _line_index(root: yaml.Node | None) -> dict[tuple[Any, ...], int]:
+    """Map each key path in a composed YAML document to its 1-based line number (best effort).
 
-    def walk(node: yaml.Node, path: tuple[Any, ...]) -> None:
+    A node reached again through an alias is not walked again: an alias-heavy document is
+    indexed in time linear in its text, not in its expansion.
+    """
+    index: dict[tuple[Any, ...], int] = {}
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, tuple[Any, ...]]] = [(root, ())] if root is not None else []
+    while stack:
+        node, path = stack.pop()
         index.setdefault(path, node.start_mark.line + 1)
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    continue  # a complex key: the constructor has refused it already
                 key = key_node.value
-                index[path + (key,)] = key_node.start_mark.line + 1
-                walk(value_node, path + (key,))
+                index.setdefault(path + (key,), key_node.start_mark.line + 1)
+                stack.append((value_node, path + (key,)))
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
-                walk(item, path + (i,))
-
-    if root is not None:
-        walk(root, ())
+                stack.append((item, path + (i,)))
     return index
 
 
@@ -83,15 +88,15 @@ def problems_from_validation_error(
 
 
 class LineIndex(Mapping[tuple[Any, ...], int]):
-    """``_line_index`` of a document, built on first lookup: only a file with a problem needs it."""
+    """``_line_index`` of a composed document, built on first lookup: only a file with a problem needs it."""
 
-    def __init__(self, text: str):
-        self._text = text
+    def __init__(self, root: yaml.Node | None):
+        self._root = root
         self._index: dict[tuple[Any, ...], int] | None = None
 
     def _built(self) -> dict[tuple[Any, ...], int]:
         if self._index is None:
-            self._index = _line_index(self._text)
+            self._index = _line_index(self._root)
         return self._index
 
     def __getitem__(self, key: tuple[Any, ...]) -> int:
@@ -104,30 +109,33 @@ class LineIndex(Mapping[tuple[Any, ...], int]):
         return len(self._built())
 
 
-# libyaml's parser when PyYAML has it (~10x faster: specs and catalogs are read at every stage);
-# a document it refuses is parsed again by the pure-Python one, whose messages say more.
-_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def read_yaml(path: Path) -> tuple[Any, Mapping[tuple[Any, ...], int]]:
-    """Parse a YAML file; raise ``SpecError`` naming the file and line for missing/unparsable files."""
+    """Parse a YAML file within ``yaml_guard``'s bounds; ``SpecError`` naming the file and line otherwise."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(str(path), [Problem("", "file not found; check the path")])
-    text = path.read_text(encoding="utf-8")
     try:
-        try:
-            data = yaml.load(text, Loader=_FAST_LOADER)
-        except yaml.YAMLError:
-            data = yaml.safe_load(text)
+        with path.open("rb") as fh:
+            raw = fh.read(yaml_guard.MAX_BYTES + 1)
+        parsed = yaml_guard.parse(yaml_guard.decode(raw))
+    except yaml_guard.YamlRefused as exc:
+        raise SpecError(str(path), exc.problems) from None
+    except OSError as exc:
+        raise SpecError(str(path), [Problem("", f"cannot be read: {exc.strerror or exc}")]) from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(str(path), [Problem("", f"not valid YAML: {problem}", line)]) from None
-    if data is None:
+        raise SpecError(str(path), [_syntax_problem(exc)]) from None
+    if parsed.data is None:
         raise SpecError(str(path), [Problem("", "file is empty; expected a YAML mapping")])
-    return data, LineIndex(text)
+    return parsed.data, LineIndex(parsed.root)
+
+
+def _syntax_problem(exc: yaml.YAMLError) -> Problem:
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else None
+    problem = getattr(exc, "problem", None) or str(exc)
+    if getattr(exc, "context", None):
+        problem = f"{problem} ({exc.context})"
+    return Problem("", f"not valid YAML: {problem}", line)
 
 
 def load_model(
@@ -159,11 +167,16 @@ def validate_data(
         if semantic is not None:
             # Best effort to report *every* problem: drop the fields that failed and, if the rest
             # validates, run the cross-field checks too (a fix-one-rerun loop wastes the user's time).
-            try:
-                rest = model.model_validate(_pruned(data, err))
-            except ValidationError:
-                pass
-            else:
+            rest = None
+            pruned, failed = data, err
+            for _ in range(4):  # a removed value can uncover another error below it
+                pruned = _pruned(pruned, failed)
+                try:
+                    rest = model.model_validate(pruned)
+                    break
+                except ValidationError as again:
+                    failed = again
+            if rest is not None:
                 seen = {p.path for p in problems}
                 problems += [
                     Problem(p.path, p.message, p.line or _nearest_line(lines or {}, _split(p.path)))

@@ -27,6 +27,8 @@ MD5_RE = r"^[0-9a-f]{32}(\.dir)?$"
 # MLflow registered model names: letters, digits, and . _ - (no slashes or colons).
 MODEL_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 METRICS = ("auc", "accuracy", "f1", "precision", "recall", "log_loss")
+#: A duration deadline beyond this is a typo (and would overflow date arithmetic near year 9999).
+MAX_DEADLINE_DAYS = 3650
 HIGHER_IS_BETTER = {"auc": True, "accuracy": True, "f1": True, "precision": True, "recall": True, "log_loss": False}
 
 
@@ -41,9 +43,13 @@ class ColumnType(StrEnum):
     bool = "bool"
     date = "date"
     category = "category"
+    email = "email"
+    """An e-mail address: text, trimmed and lower-cased when curated (so pseudonyms and the leak scan
+    agree whatever the case), whatever the column is called."""
 
 
 NUMERIC_TYPES = {ColumnType.int, ColumnType.float, ColumnType.bool}
+TEXT_TYPES = {ColumnType.string, ColumnType.category, ColumnType.email}
 
 
 class DatasetRef(Strict):
@@ -100,8 +106,8 @@ class SensitiveColumn(Strict):
     treatment: Treatment
     level: str | None = Field(
         None,
-        description="For generalize: dates year|year_month|decade; strings outward|area|prefix:N; "
-        "numbers bucket:WIDTH.",
+        description="For generalize: dates year|year_month|decade; text prefix:N (any format, e.g. ZIP or "
+        "postal codes), or outward|area (UK postcodes only); numbers bucket:WIDTH.",
     )
     reason: str | None = Field(None, description="Required for keep: why the raw value may leave.")
 
@@ -113,6 +119,11 @@ class SensitivitySpec(Strict):
     )
     k_anonymity: int | None = Field(None, ge=2, description="Minimum group size over the quasi-identifiers.")
     on_k_violation: Literal["fail", "suppress"] = "suppress"
+    max_suppressed_fraction: float = Field(
+        0.05, ge=0, le=1,
+        description="Share of rows k-anonymity may suppress; above it the data does not leave its site "
+        "(hybridtrain.datasets.data_gates).",
+    )
 
 
 class SyncSpec(Strict):
@@ -124,6 +135,10 @@ class SplitSpec(Strict):
     val: float = Field(0.1, gt=0, lt=1)
     test: float = Field(0.1, gt=0, lt=1)
     seed: int = Field(0, ge=0, description="Salt for the entity-key hash that assigns splits.")
+    min_rows: int = Field(
+        10, ge=1, description="Fewest rows each split (train, val, test) must keep after anonymization and "
+        "sampling, else nothing leaves the site.",
+    )
 
 
 PARTITION_PERIODS = ("month", "quarter", "year")
@@ -292,6 +307,21 @@ class ReleaseTargetSpec(Strict):
         description="object_store: key prefix under the site's store.",
     )
 
+    @field_validator("path")
+    @classmethod
+    def _confined_path(cls, v: str | None) -> str | None:
+        if v is not None and ".." in Path(v).parts:
+            raise ValueError("must not contain '..': give the serving directory itself (absolute, or relative to "
+                             "the workspace root)")
+        return v
+
+    @field_validator("prefix")
+    @classmethod
+    def _confined_prefix(cls, v: str) -> str:
+        if any(part in (".", "..") for part in v.split("/")):
+            raise ValueError("must not contain '.' or '..' segments: it is a key prefix inside the site's store")
+        return v
+
 
 class PromotionSpec(Strict):
     """What must hold before ``champion`` moves to a new version, and where that version is then released."""
@@ -357,7 +387,11 @@ class JobSpec(Strict):
             m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd])\s*", v)
             if m:
                 unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
-                return timedelta(**{unit: float(m.group(1))})
+                try:
+                    return timedelta(**{unit: float(m.group(1))})
+                except OverflowError:
+                    raise ValueError(f"{v.strip()} is too long; a deadline is at most "
+                                     f"{MAX_DEADLINE_DAYS} days") from None
         return v
 
     @field_validator("deadline")
@@ -367,6 +401,8 @@ class JobSpec(Strict):
             raise ValueError("give a timezone, e.g. 2026-12-01T18:00:00Z")
         if isinstance(v, timedelta) and v <= timedelta(0):
             raise ValueError("must be a positive duration")
+        if isinstance(v, timedelta) and v > timedelta(days=MAX_DEADLINE_DAYS):
+            raise ValueError(f"is too long; a deadline is at most {MAX_DEADLINE_DAYS} days (use a date for later)")
         return v
 
     @property
@@ -441,8 +477,9 @@ def check_semantics(spec: JobSpec, sites: SitesCatalog | None = None) -> list[Pr
                 p.append(Problem(f"{path}.level", f"for a date use one of {', '.join(DATE_LEVELS)}"))
             elif ctype in NUMERIC_TYPES and not NUMERIC_LEVEL_RE.match(sc.level):
                 p.append(Problem(f"{path}.level", "for a number use bucket:WIDTH, e.g. bucket:10"))
-            elif ctype in (ColumnType.string, ColumnType.category) and not STRING_LEVEL_RE.match(sc.level):
-                p.append(Problem(f"{path}.level", "for a string use outward, area or prefix:N"))
+            elif ctype in TEXT_TYPES and not STRING_LEVEL_RE.match(sc.level):
+                p.append(Problem(f"{path}.level", "for text use prefix:N (the first N characters; any format), or "
+                                                  "outward or area (UK postcodes only)"))
         elif sc.level is not None:
             p.append(Problem(f"{path}.level", f"level applies to generalize only, not {sc.treatment.value}"))
         if sc.treatment is Treatment.keep and not (sc.reason and sc.reason.strip()):
@@ -502,8 +539,6 @@ def check_semantics(spec: JobSpec, sites: SitesCatalog | None = None) -> list[Pr
     if spec.resources.gpu_type is not None and spec.resources.gpus == 0:
         p.append(Problem("resources.gpu_type", "set resources.gpus >= 1 when asking for a GPU type"))
 
-    p += _promotion_problems(spec, sites)
-
     if sites is not None:
         if spec.dataset.site not in sites.names:
             p.append(Problem("dataset.site", f"unknown site {spec.dataset.site!r}; known: {', '.join(sites.names)}"))
@@ -544,51 +579,18 @@ def _layout_problems(spec: JobSpec) -> list[Problem]:
     return p
 
 
-def _promotion_problems(spec: JobSpec, sites: SitesCatalog | None) -> list[Problem]:
-    # Imported here: the gate and target registries live with their implementations, which import this module.
-    from hybridtrain.governance.gates import GATES  # lazy: cycle: the governance registries import this module
-    from hybridtrain.governance.release import TARGET_KINDS  # lazy: cycle: the governance registries import this module
-
-    promo = spec.promotion
-    p: list[Problem] = []
-    if promo.gates is not None:
-        if not promo.gates:
-            p.append(Problem("promotion.gates", "an empty list would promote without any check; leave gates out to "
-                                                "evaluate all of them"))
-        seen_gates: set[str] = set()
-        for i, name in enumerate(promo.gates):
-            if name not in GATES:
-                p.append(Problem(f"promotion.gates[{i}]", GATES.unknown_message(name)))
-            elif name in seen_gates:
-                p.append(Problem(f"promotion.gates[{i}]", f"gate {name!r} is listed twice"))
-            seen_gates.add(name)
-    chosen = set(promo.gates) if promo.gates is not None else set(GATES.names)
-    if promo.max_cost_usd is not None and "cost" not in chosen:
-        p.append(Problem("promotion.max_cost_usd", "is set, but the cost gate is not in promotion.gates: add it"))
-    if promo.require_approval and "approval" not in chosen:
-        p.append(Problem("promotion.require_approval", "is true, but the approval gate is not in promotion.gates: "
-                                                       "add it"))
-    names: set[str] = set()
-    for i, target in enumerate(promo.release_targets):
-        path = f"promotion.release_targets[{i}]"
-        if target.name in names:
-            p.append(Problem(f"{path}.name", f"target name {target.name!r} is used twice; names must be unique"))
-        names.add(target.name)
-        if target.kind not in TARGET_KINDS:
-            p.append(Problem(f"{path}.kind", TARGET_KINDS.unknown_message(target.kind)))
-            continue
-        for field, message in TARGET_KINDS.get(target.kind).spec_problems(target, sites):
-            p.append(Problem(f"{path}.{field}", message))
-    return p
-
-
 def load_spec(path: Path | str, sites: SitesCatalog | None = None) -> JobSpec:
-    """Load and fully validate a job spec file; raise ``SpecError`` listing every problem."""
+    """Load a job spec file and check what it says on its own (and its site names against ``sites``).
+
+    Gate names, release target kinds, the strategy and the job class are checked against their
+    registries and the policy by ``hybridtrain.validation.load_job``, which callers that are about
+    to act on a spec use.
+    """
     return load_model(JobSpec, path, semantic=lambda s: check_semantics(s, sites))
 
 
 def parse_spec(data: dict[str, Any], source: str = "job spec", sites: SitesCatalog | None = None) -> JobSpec:
-    """Validate a spec given as a mapping (e.g. a Prefect parameter)."""
+    """``load_spec`` for a spec given as a mapping (e.g. a spec already checked, inside a job bundle)."""
     return validate_data(JobSpec, data, source=source, semantic=lambda s: check_semantics(s, sites))
 
 

@@ -65,6 +65,14 @@ class LocalStore(Strict):
     kind: Literal["local"] = "local"
     path: str = Field(description="Directory; relative paths are relative to the workspace root.")
 
+    @field_validator("path")
+    @classmethod
+    def _confined(cls, v: str) -> str:
+        if ".." in Path(v).parts:
+            raise ValueError("must not contain '..': give the store directory itself (absolute, or relative to the "
+                             "workspace root)")
+        return v
+
 
 class S3Store(Strict):
     """An S3-compatible bucket (AWS, MinIO, Ceph...)."""

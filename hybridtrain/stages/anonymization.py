@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from hybridtrain.datasets import partitioned
+from hybridtrain.datasets import data_gates, partitioned
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.workspace import Workspace
@@ -35,6 +35,8 @@ def anonymize(ws: Workspace, spec: JobSpec, curated: DatasetVersion, key: bytes)
     keep = partitioned.unit_interval(keys, "sync-sample") < spec.sync.sample_fraction
     approved_frame = frame[keep]
     approved_path = ws.tier_path("approved", spec.name)
+    # Unusable data fails here, at its own site: nothing written, versioned, synced or registered.
+    data_gates.check(spec, approved_frame, result.report)
     written = partitioned.write(approved_frame, ws.path(approved_path), sort_by=None)
     # Scan exactly the bytes that may leave: the files as written, read back.
     import pyarrow.parquet as pq  # lazy: heavy (pyarrow)

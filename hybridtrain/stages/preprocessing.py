@@ -31,7 +31,8 @@ def resolve_raw(ws: Workspace, spec: JobSpec, sites: SitesCatalog) -> tuple[Data
         return current, ws.path(ref.path)
     if current is None and not ws.path(ref.path).exists():
         raise DataError(ref.path, [Problem("dataset.path", f"{ref.path} is not tracked by DVC in {ws.root}; "
-                                                           "run `hybridtrain data add` (or `make demo`) first")])
+                                                           f"track it with `dvc add {ref.path}` and pin its md5, or, "
+                                                           "for the churn sample, run `hybridtrain data generate`")])
     pinned = DatasetVersion(path=ref.path, md5=ref.md5, size=0, tier="raw", site=ref.site)
     # The workspace holds another version: fetch the pinned one by its hash into the site copy.
     site = sites.get(ref.site)

@@ -18,14 +18,8 @@ from hybridtrain.workspace import Workspace
 if TYPE_CHECKING:
     pass
 
-from hybridtrain.errors import GateFailed
-from hybridtrain.governance import promotion
-from hybridtrain.governance.audit_log import AuditLog
-from hybridtrain.governance.bundle import BundleDataset, ModelBundle
-from hybridtrain.governance.gates import GateInputs, evaluate_gates
-from hybridtrain.governance.ledger import AttemptRecord, CostLedger, RunRecord, StorageRecord
+from hybridtrain.governance.ledger import AttemptRecord, RunRecord, StorageRecord
 from hybridtrain.governance.release import BundleArchive, Releaser, open_targets
-from hybridtrain.governance.signing_key import SigningKey
 from hybridtrain.stages.results import EvaluateResult, PromoteResult, TrainOutput
 from hybridtrain.stages.site_access import control_site
 from hybridtrain.storage import open_store
@@ -78,6 +72,13 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
     """
     import mlflow  # lazy: heavy (mlflow)
 
+    from hybridtrain.errors import GateFailed
+    from hybridtrain.governance import promotion
+    from hybridtrain.governance.audit_key import workspace_log
+    from hybridtrain.governance.bundle import BundleDataset, ModelBundle
+    from hybridtrain.governance.gates import GateInputs, evaluate_gates
+    from hybridtrain.governance.ledger import CostLedger
+    from hybridtrain.governance.signing_key import SigningKey
 
     started = time.perf_counter()
     sites = ws.load_sites()
@@ -97,7 +98,7 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
     key = SigningKey.from_pem(signing_key_pem)
     publish_public_key(ws, key.public.to_pem())
     releaser = releaser_for(ws, spec, sites, key.public)
-    audit = AuditLog.in_workspace(ws.root)
+    audit = workspace_log(ws.root)
     champion = registry.by_alias(name, CHAMPION)
     with tempfile.TemporaryDirectory(prefix="hybridtrain-bundle-") as tmp:
         mlflow.set_tracking_uri(ws.tracking_uri)

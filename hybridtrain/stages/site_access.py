@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hybridtrain.datasets.dvc_repo import DatasetVersion, DvcRepo
-from hybridtrain.governance.audit_log import AuditLog
 from hybridtrain.specs.sites import CHECKPOINT_SUBDIR, DVC_SUBDIR, Site, SitesCatalog
 from hybridtrain.storage import open_store
 from hybridtrain.storage.object_store import ObjectStore
@@ -21,9 +20,10 @@ if TYPE_CHECKING:
 
 
 def audit(ws: Workspace) -> Any:
-    """The workspace's append-only audit log."""
+    """The workspace's append-only audit log, its head signed with the workspace's audit key."""
+    from hybridtrain.governance.audit_key import workspace_log
 
-    return AuditLog.in_workspace(ws.root)
+    return workspace_log(ws.root)
 
 
 def control_site(ws: Workspace, sites: SitesCatalog) -> Site:

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from hybridtrain.cli.governance import build_releaser, register
 from hybridtrain.errors import SpecError
+from hybridtrain.governance.audit_key import workspace_log
 from hybridtrain.governance.audit_log import AuditLog
 from hybridtrain.governance.gates import CHECKPOINT_TAG, GateInputs, dataset_tag, evaluate_gates
 from hybridtrain.governance.ledger import RUN_RECORD_ARTIFACT, RUN_RECORD_TAG, AttemptRecord, RunRecord
@@ -128,7 +129,7 @@ def promote_version(ws: Workspace, registry: Registry, tmp: Path, auc: float) ->
         champion_version=champion.version if champion else None,
         champion_metrics={"auc": auc - 0.05} if champion else None,
         rollback_versions=releaser.available_versions(MODEL))
-    promote(registry, releaser, AuditLog.in_workspace(ws.root), bundle=bundle, report=evaluate_gates(inputs),
+    promote(registry, releaser, workspace_log(ws.root), bundle=bundle, report=evaluate_gates(inputs),
             trusted_key=KEY.public, actor="test")
     return info.version
 

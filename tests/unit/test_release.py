@@ -196,3 +196,32 @@ def test_targets_open_from_spec_entries_by_kind(tmp_path, bundles):
     with pytest.raises(SpecError, match="unknown release target kind 'ftp'; choose one of: directory \\(default\\), "
                                         "object_store"):
         TARGET_KINDS.get("ftp")
+
+
+@pytest.mark.parametrize("kind", ["directory", "object_store"])
+@pytest.mark.parametrize("tamper", ["weights", "manifest"])
+def test_restore_re_verifies_a_held_version_before_serving_it_again(tmp_path, bundles, kind, tamper):
+    t = target(kind, tmp_path)
+    releaser = Releaser([t])
+    releaser.publish(bundles["1"])
+    releaser.publish(bundles["2"])
+    # v1 is still held (not current) when someone swaps its weights — or the whole manifest — in place.
+    if kind == "directory":
+        held = tmp_path / t.name / "versions" / MODEL / "1"
+        victim = held / ("weights/model.pt" if tamper == "weights" else "manifest.json")
+        victim.write_bytes(victim.read_bytes() + b"tampered")
+    else:
+        key = f"versions/{MODEL}/1/" + ("weights/model.pt" if tamper == "weights" else "manifest.json")
+        t.store.put_bytes(key, t.store.get_bytes(key) + b"tampered")
+    with pytest.raises(BundleRejected):
+        releaser.restore(MODEL, "1")
+    assert t.current(MODEL) == "2"  # the pointer did not move to the tampered copy
+
+
+def test_restore_of_an_intact_held_version_still_works(tmp_path, bundles):
+    t = target("directory", tmp_path)
+    releaser = Releaser([t])
+    releaser.publish(bundles["1"])
+    releaser.publish(bundles["2"])
+    record = releaser.restore(MODEL, "1")
+    assert t.current(MODEL) == "1" and record.manifest_sha256 == bundles["1"].manifest_sha256

@@ -99,7 +99,7 @@ def test_treatment_rules(tmp_path):
     with pytest.raises(SpecError) as exc:
         load_spec(write(tmp_path, data))
     found = problems(exc)
-    assert "outward, area or prefix:N" in found["sensitive.columns.postcode.level"]
+    assert "prefix:N" in found["sensitive.columns.postcode.level"]
     assert "say why in reason" in found["sensitive.columns.phone.reason"]
     assert "generalize only" in found["sensitive.columns.full_name.level"]
     assert "not in schema.columns" in found["sensitive.columns.shoe_size"]

@@ -1,4 +1,5 @@
-"""The spec's ``promotion`` section: gates, cost limit, approval and release targets, every mistake reported."""
+"""The spec's ``promotion`` section: gates, cost limit, approval and release targets, every mistake reported
+(checked against the gate and target registries by ``hybridtrain.validation``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import pytest
 import yaml
 
 from hybridtrain.errors import SpecError
-from hybridtrain.specs.job import json_schema, parse_spec
+from hybridtrain.specs.job import json_schema
 from hybridtrain.specs.sites import SitesCatalog
+from hybridtrain.validation import parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 SITES = SitesCatalog.load(ROOT / "deployments" / "sites.yaml")
@@ -23,20 +25,20 @@ def with_promotion(promotion: dict) -> dict:
 
 def problems(promotion: dict) -> dict[str, str]:
     with pytest.raises(SpecError) as exc:
-        parse_spec(with_promotion(promotion), sites=SITES)
+        parse_job(with_promotion(promotion), sites=SITES)
     return {p.path: p.message for p in exc.value.problems}
 
 
 def test_defaults_evaluate_every_gate_and_release_nowhere():
     data = yaml.safe_load((ROOT / "jobs" / "churn.yaml").read_text())
     data.pop("promotion", None)  # the demo spec sets its own; these are the defaults
-    spec = parse_spec(data, sites=SITES)
+    spec = parse_job(data, sites=SITES)
     assert spec.promotion.gates is None and spec.promotion.max_cost_usd is None
     assert spec.promotion.require_approval is False and spec.promotion.release_targets == []
 
 
 def test_a_full_promotion_section_is_valid():
-    spec = parse_spec(with_promotion({
+    spec = parse_job(with_promotion({
         "gates": ["lineage", "signature", "thresholds", "not_worse", "cost", "rollback_target", "approval"],
         "max_cost_usd": 20, "require_approval": True,
         "release_targets": [{"name": "onprem-serving", "path": "/srv/models"},
@@ -45,7 +47,7 @@ def test_a_full_promotion_section_is_valid():
     }), sites=SITES)
     assert [t.kind for t in spec.promotion.release_targets] == ["directory", "object_store", "object_store"]
     assert spec.promotion.release_targets[1].prefix == "releases"
-    assert parse_spec(spec.to_dict()) == spec
+    assert parse_job(spec.to_dict()) == spec
 
 
 def test_gate_mistakes_are_each_reported():
