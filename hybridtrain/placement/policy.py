@@ -8,7 +8,7 @@ spot ``opportunistic`` — and every rejection names the rule that made it and t
 Checks, in the order they are applied (the first that fails is reported):
 
 1. the job spec's own limits: ``placement.site`` pin, ``resources.gpus`` (the site must have that
-   many GPUs), ``resources.gpu_type``, ``data_policy.residency`` (site jurisdiction);
+   many GPUs, times ``resources.nodes``), ``resources.nodes`` (enough SSH hosts: ``node_fit``), ``resources.gpu_type``, ``data_policy.residency`` (site jurisdiction);
 2. the job class's allowed capacity classes (``job_classes.<class>.capacity_classes``);
 3. ``rules[i]`` in file order, each applying to the requests its ``when`` matches: allowed sites,
    jurisdictions, site kinds, "data stays at its site", GPU types, capacity classes, price cap;
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hybridtrain.errors import Problem, SpecError
+from hybridtrain.placement.node_fit import node_shortfall
 from hybridtrain.placement.request import DataTier, ResourceRequest
 from hybridtrain.placement.strategy import STRATEGIES
 from hybridtrain.specs.config_file import load_model, validate_data
@@ -289,7 +290,12 @@ class Policy(Strict):
         if request.pinned_site is not None and site.name != request.pinned_site:
             return no("spec placement.site", f"the job is pinned to {request.pinned_site}")
         if site.gpu_count < request.gpus:
-            return no("spec resources.gpus", f"site {site.name} has {site.gpu_count} GPUs; the job needs {request.gpus}")
+            need = (f"{request.gpus} ({request.nodes} nodes × {request.gpus_per_node})" if request.nodes > 1
+                    else f"{request.gpus}")
+            return no("spec resources.gpus", f"site {site.name} has {site.gpu_count} GPUs; the job needs {need}")
+        nodes = node_shortfall(site, request.nodes, request.gpus_per_node)
+        if nodes is not None:
+            return no("spec resources.nodes", nodes)
         if request.gpu_type is not None and site.gpu_type != request.gpu_type:
             return no("spec resources.gpu_type",
                       f"site {site.name} has {site.gpu_type or 'no GPU'}; the job needs {request.gpu_type}")

@@ -37,7 +37,10 @@ def to_epoch(t: datetime | float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class ResourceRequest:
-    """One job's needs. ``run_hours`` is the engine's estimate; ``max_run_hours`` the hard limit."""
+    """One job's needs. ``run_hours`` is the engine's estimate; ``max_run_hours`` the hard limit.
+
+    ``gpus`` counts every node's GPUs (``nodes × resources.gpus``): the nodes are priced together.
+    """
 
     job: str
     gpus: int
@@ -58,6 +61,7 @@ class ResourceRequest:
     checkpoint_interval_s: float = 1800.0
     pinned_site: str | None = None
     strategy: str | None = None
+    nodes: int = 1
     # Everything the policy's site rules look at; the engine caches rule verdicts under this key.
     policy_key: tuple = field(init=False, repr=False, compare=False)
 
@@ -65,6 +69,8 @@ class ResourceRequest:
         problems = []
         if self.gpus < 0:
             problems.append(Problem("gpus", "must be >= 0"))
+        if self.nodes < 1:
+            problems.append(Problem("nodes", "must be >= 1"))
         if not self.run_hours > 0:
             problems.append(Problem("run_hours", f"must be > 0, got {self.run_hours}"))
         if self.max_run_hours < self.run_hours:
@@ -86,6 +92,7 @@ class ResourceRequest:
                 self.team,
                 self.data_site,
                 self.pinned_site,
+                self.nodes,
             ),
         )
 
@@ -93,6 +100,10 @@ class ResourceRequest:
     def gpu_hours(self) -> float:
         """Estimated GPU-hours at the reference GPU."""
         return self.gpus * self.run_hours
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
 
     @property
     def dataset_gb(self) -> float:
@@ -127,7 +138,8 @@ def request_from_spec(
         interval = spec.checkpoint.interval_minutes * 60 if spec.checkpoint.interval_minutes else 1800.0
     return ResourceRequest(
         job=spec.name,
-        gpus=spec.resources.gpus,
+        gpus=spec.resources.total_gpus,
+        nodes=spec.resources.nodes,
         gpu_type=spec.resources.gpu_type,
         run_hours=estimate,
         max_run_hours=limit,

@@ -5,7 +5,7 @@
 1. reads the JobBundle (``bundle.json`` + ``secrets.json``) and validates its spec;
 2. joins the torchrun process group when ``WORLD_SIZE`` > 1 (NCCL on CUDA, gloo on CPU);
 3. fetches the approved dataset by its DVC pointer from the site's store into the host's
-   working copy ``<workdir>/data-copy`` (rank 0 only; the others wait at a barrier);
+   working copy ``<workdir>/data-copy`` (local rank 0 of each host; the others wait at a barrier);
 4. trains with ``Trainer`` — checkpoints under the bundle's run key in the site's object
    store, so a relaunch resumes — printing one progress line per epoch to stdout;
 5. rank 0 writes ``BUNDLE_DIR/result/`` atomically: ``result.json`` (HostResult),
@@ -94,7 +94,7 @@ def materialize(bundle: JobBundle, ddp: Distributed | None, say: Callable[[str],
     """The approved dataset in the host's working copy, fetched by pointer from the site's store."""
     site = bundle.site
     copy = Path(bundle.workdir) / DATA_COPY
-    if ddp is None or ddp.is_main:
+    if ddp is None or ddp.local_rank == 0:  # one fetch per host: the nodes of a multi-node job each need a copy
         say(f"{PREFIX} fetching {bundle.approved.path} {bundle.approved.short} from the store of site {site.name}")
         repo = DvcRepo.ensure(copy, {site.dvc_remote: site.dvc_remote_config(Path(bundle.workdir), DVC_SUBDIR)},
                               default_remote=site.dvc_remote, scm=False,

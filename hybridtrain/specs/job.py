@@ -204,11 +204,18 @@ class ModelSpec(Strict):
 class Resources(Strict):
     """What the job needs: frozen, independent of where it runs."""
 
-    gpus: int = Field(0, ge=0)
+    gpus: int = Field(0, ge=0, description="GPUs on each node (0: CPU training).")
+    nodes: int = Field(
+        1, ge=1, description="Hosts the job trains on together (torchrun, DDP); all at one site, each with `gpus` GPUs.")
     gpu_type: str | None = None
     cpus: int = Field(2, ge=1)
     memory_gb: float = Field(4.0, gt=0)
     max_hours: float = Field(1.0, gt=0, description="Hard limit on training wall time.")
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs over all nodes: what placement reserves and prices."""
+        return self.gpus * self.nodes
 
 
 class Sensitivity(StrEnum):

@@ -52,7 +52,7 @@ def run_record(ws: Workspace, spec: JobSpec, run_id: str, version: str | None, t
 
     sites = ws.load_sites()
     attempts = [*trained.attempts, AttemptRecord(site=trained.site, capacity_class=capacity_class,
-                                                 gpus=spec.resources.gpus, seconds=trained.seconds,
+                                                 gpus=spec.resources.total_gpus, seconds=trained.seconds,
                                                  outcome="succeeded")]
     storage = [StorageRecord(kind="artifact", site=control_site(ws, sites).name, bytes=model_bytes)]
     if trained.checkpoint_bytes:

@@ -32,7 +32,8 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     from its newest valid checkpoint; a new run starts fresh.
 
     With ``ssh`` (the site block's private key and known_hosts) training runs on the site's
-    first SSH host under torchrun (``remote_training.ssh_train``, job id ``<job>-<run_key>``,
+    first SSH host — or, with ``resources.nodes: N``, on N of its hosts together
+    (``multinode_training.ssh_train_nodes``) — under torchrun (``remote_training.ssh_train``, job id ``<job>-<run_key>``,
     so a retry re-attaches to a job still running there), its log lines going to ``on_line``;
     without it, in this process.
 
@@ -64,6 +65,10 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
         raise SpecError("site credentials", [Problem(
             f"{site}.ssh_private_key", f"site {site} trains on SSH hosts but its block holds no SSH key: "
             f"run `hybridtrain credentials {site} --ssh-key FILE --known-hosts FILE`")])
+    if spec.resources.nodes > 1 and not s.hosts:
+        raise SpecError("job spec", [Problem(
+            "resources.nodes", f"site {site} lists no SSH hosts, and a job of {spec.resources.nodes} nodes runs on "
+            f"SSH hosts only: add hosts to sites.{site}.hosts, or set resources.nodes: 1")])
     if ssh is not None:
         from hybridtrain.remote.remote_training import ssh_train  # lazy: heavy (torch, paramiko)
 
@@ -74,10 +79,20 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
         from hybridtrain.remote.ssh_site import Timeouts  # lazy: heavy (paramiko)
 
         host = s.hosts[0]
-        files = ssh_train(ws, spec, approved, s, host, ssh.private_key, ssh.known_hosts, run_key, job_id,
-                          on_line, mlflow_run_id=run_id, preemptions_per_hour=preemptions_per_hour,
-                          timeouts=Timeouts(connect=host.connect_timeout_s, command=host.command_timeout_s,
-                                            reconnect=host.reconnect_s))
+        timeouts = Timeouts(connect=host.connect_timeout_s, command=host.command_timeout_s,
+                            reconnect=host.reconnect_s)
+        if spec.resources.nodes > 1:
+            from hybridtrain.placement.node_fit import reserve_hosts
+            from hybridtrain.remote.multinode_training import ssh_train_nodes
+
+            hosts = reserve_hosts(s, spec.resources.nodes, spec.resources.gpus, job=spec.name).hosts
+            files = ssh_train_nodes(ws, spec, approved, s, hosts, ssh.private_key, ssh.known_hosts, run_key, job_id,
+                                    on_line, mlflow_run_id=run_id, preemptions_per_hour=preemptions_per_hour,
+                                    timeouts=timeouts)
+        else:
+            files = ssh_train(ws, spec, approved, s, host, ssh.private_key, ssh.known_hosts, run_key, job_id,
+                              on_line, mlflow_run_id=run_id, preemptions_per_hour=preemptions_per_hour,
+                              timeouts=timeouts)
         result, device = files.train_result(), files.result.device
         for h in result.history:
             on_epoch(int(h["epoch"]), {k: v for k, v in h.items() if k not in ("epoch", "global_step")})
@@ -125,7 +140,7 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
         device=device,
         seconds=seconds,
         samples_per_second=result.samples_per_second,
-        gpu_seconds=seconds * max(1, spec.resources.gpus) if device.startswith("cuda") else 0.0,
+        gpu_seconds=seconds * max(1, spec.resources.total_gpus) if device.startswith("cuda") else 0.0,
         transfers=transfers,
     )
 

@@ -34,6 +34,9 @@ ranks a step apart they still stop together, after the same step.
 Checkpoint timing: ``interval_steps`` and ``interval_minutes`` as given, or with
 ``auto_interval`` a time interval derived from ``preemptions_per_hour`` and the measured write
 time (``hybridtrain.training.checkpoint_interval``); timing checkpoints never changes the training itself.
+Checkpoints are asynchronous (``hybridtrain.training.checkpoint_writer``): a step waits only for an
+in-memory snapshot of the state, which a background thread serializes, hashes and stores; that
+wait is the "write time" above. Preemption and the end of training wait for the write in flight.
 
 The trainer seeds the process-wide torch, numpy and ``random`` generators (module weight
 initialization and dropout draw from torch's global generator) and sets torch's CPU thread
@@ -62,6 +65,7 @@ from hybridtrain.errors import DataError, Preempted, Problem, SpecError
 from hybridtrain.specs.job import HIGHER_IS_BETTER, CheckpointSpec, ModelSpec
 from hybridtrain.training.checkpoint import CheckpointInfo, CheckpointStore
 from hybridtrain.training.checkpoint_interval import optimal_interval_s
+from hybridtrain.training.checkpoint_writer import CheckpointWriter
 from hybridtrain.training.distributed import Distributed
 from hybridtrain.training.evaluation import binary_metrics, model_probabilities
 from hybridtrain.training.featurizer import Featurizer
@@ -91,8 +95,11 @@ class TrainResult:
     samples_per_second: float
     best_epoch: int | None = None
     best_val_metric: float | None = None
-    #: Seconds this call spent writing checkpoints (``checkpoints_written`` of them).
+    #: Seconds training waited for its checkpoints (``checkpoints_written`` of them): gathering the
+    #: state and its in-memory snapshot, plus any wait for the previous write still in flight.
     checkpoint_seconds: float = 0.0
+    #: Seconds the background writer spent storing them (serialize, hash, write), beside training.
+    checkpoint_write_seconds: float = 0.0
     #: The time interval between checkpoints in force at the end (None: steps only).
     checkpoint_interval_s: float | None = None
 
@@ -291,7 +298,9 @@ class Trainer:
         optimizer step; when it says True a checkpoint is written and ``Preempted`` raised.
         ``clock`` (seconds) drives ``interval_minutes`` (or the derived interval of
         ``auto_interval``) and the timings in the result; checkpoint writes are timed with
-        ``time.perf_counter``.
+        ``time.perf_counter``. Checkpoints are stored by a ``CheckpointWriter`` beside training
+        (the step waits only for an in-memory snapshot); a failed write is raised after the next
+        step, and ``fit`` returns or raises only once the last one submitted is stored.
 
         Raises ``DataError`` for an empty frame or a missing, non-binary or single-class label
         or a missing feature column, and ``SpecError`` when the checkpoint found was trained
@@ -304,7 +313,10 @@ class Trainer:
         if self.threads is not None:
             torch.set_num_threads(self.threads)
         try:
-            return self._fit(train, val, y_train_np, y_val_np, on_epoch, should_stop, clock, started)
+            # Leaving the block waits for the write in flight: whatever ends training, the last
+            # checkpoint it submitted is stored (or its failure reported) before fit returns.
+            with CheckpointWriter(self.store) as writer:
+                return self._fit(train, val, y_train_np, y_val_np, on_epoch, should_stop, clock, started, writer)
         finally:
             torch.set_num_threads(previous_threads)
 
@@ -318,6 +330,7 @@ class Trainer:
         should_stop: Callable[[], bool] | None,
         clock: Callable[[], float],
         started: float,
+        writer: CheckpointWriter,
     ) -> TrainResult:
         spec = self.model_spec
         device = self.device
@@ -368,12 +381,14 @@ class Trainer:
         interval_s = (optimal_interval_s(0.0, rate) if cp.auto_interval
                       else cp.interval_minutes * 60 if cp.interval_minutes is not None else None)
 
-        def save() -> CheckpointInfo | None:
-            nonlocal last_info, saved_position, written, write_seconds, interval_s
+        def save() -> None:
+            nonlocal saved_position, written, write_seconds, interval_s
             if not writes:
                 saved_position = progress.position()
-                return None
-            began = time.perf_counter()  # the whole cost: gathering the state, then storing it
+                return
+            # What training pays: gathering the state and its in-memory snapshot (plus waiting for
+            # the previous write, when it is still going); storing it runs beside training.
+            began = time.perf_counter()
             ckpt = {
                 "format": STATE_FORMAT,
                 "job": self.job,
@@ -386,13 +401,16 @@ class Trainer:
                 "rng": _capture_rng(device),
                 "train_sha256": fingerprint,
             }
-            last_info = self.store.save(ckpt, progress.global_step, keep_last=cp.keep_last)
+            writer.submit(ckpt, progress.global_step, keep_last=cp.keep_last)
             write_seconds += time.perf_counter() - began
             saved_position = progress.position()
             written += 1
             if cp.auto_interval:
                 interval_s = optimal_interval_s(write_seconds / written, rate)
-            return last_info
+
+        def stored() -> CheckpointInfo | None:
+            """The newest stored checkpoint, once the write in flight (if any) is stored."""
+            return (writer.wait() or last_info) if writes else None
 
         n = len(x_train)
         batch = spec.batch_size
@@ -425,6 +443,8 @@ class Trainer:
                     (shard_loss * (ddp.world_size / len(idx))).backward()
                     batch_loss_sum = ddp.all_sum(shard_loss)
                 optimizer.step()
+                if writes:
+                    writer.check()  # a background write that failed stops training here
                 progress.global_step += 1
                 progress.step_in_epoch = b + 1
                 progress.epoch_loss_sum += batch_loss_sum
@@ -441,7 +461,9 @@ class Trainer:
                     # Any checkpoint restarts the time interval, whichever rule wrote it.
                     last_save_time = now if now is not None else last_save_time
                 if should_stop is not None and (ddp.any(should_stop()) if ddp is not None else should_stop()):
-                    info = last_info if saved_position == progress.position() else save()
+                    if saved_position != progress.position():
+                        save()
+                    info = stored()  # the checkpoint is durable before anyone is told its key
                     key = info.key if info is not None else None
                     log.warning("job %s stopping at step %d on request; checkpoint %s",
                                 self.job, progress.global_step, key)
@@ -466,6 +488,7 @@ class Trainer:
 
         if saved_position != progress.position():
             save()
+        last_info = stored()
         seconds = clock() - started
         model = model.to("cpu").eval()
         return TrainResult(
@@ -482,5 +505,6 @@ class Trainer:
             best_epoch=progress.best_epoch,
             best_val_metric=progress.best_value,
             checkpoint_seconds=write_seconds,
+            checkpoint_write_seconds=writer.write_seconds,
             checkpoint_interval_s=interval_s,
         )

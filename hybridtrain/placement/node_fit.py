@@ -1,0 +1,97 @@
+"""NodeFit: whether a site can hold a job's ``resources.nodes`` hosts together, and which hosts it reserves.
+
+A multi-node job (``resources.nodes: N``, ``resources.gpus: G`` per node) runs as one torchrun
+job over N hosts of ONE site — the ranks all-reduce every step, so they never span sites. Pure
+functions of explicit inputs, like the rest of placement:
+
+- ``node_shortfall(site, N, G)`` — the static check the policy applies to every candidate: an
+  on-prem site needs N SSH hosts (``sites.yaml`` ``hosts:``) with at least G GPUs each; an
+  on-prem site without SSH hosts runs jobs in a local process and has one node; a cloud site
+  starts N instances, so it needs ``gpu_count >= N × G`` (checked with the other GPU limits).
+- ``reserve_hosts(site, N, G, busy)`` — at run time: the first N eligible hosts that are not
+  ``busy`` (hosts running another job, as the caller knows them), in catalog order. The first
+  one hosts the rendezvous. Too few free hosts raises ``NoFeasiblePlacement`` with the numbers.
+
+The N nodes are priced together: the placement request carries ``gpus = N × G``, so compute
+cost, queue wait and GPU limits all see the whole job.
+
+Example: ``onprem-dc1`` lists hosts ``gpu1`` (8 GPUs), ``gpu2`` (8) and ``gpu3`` (4). A job with
+``nodes: 2, gpus: 8`` fits (gpu1, gpu2); with ``gpu2`` busy, ``reserve_hosts`` says "site
+onprem-dc1 has 1 free host with >= 8 GPUs (3 hosts, 1 busy, 1 with fewer GPUs); the job needs 2".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from hybridtrain.errors import NoFeasiblePlacement
+from hybridtrain.specs.sites import Site, SiteKind, SshHost
+
+
+def host_key(host: SshHost) -> str:
+    """How a host is named in ``busy`` sets and messages: ``user@hostname:port``."""
+    return f"{host.username}@{host.hostname}:{host.port}"
+
+
+@dataclass(frozen=True)
+class HostReservation:
+    """The hosts one multi-node job trains on; ``hosts[0]`` runs the rendezvous."""
+
+    site: str
+    hosts: tuple[SshHost, ...]
+    gpus_per_node: int
+
+    @property
+    def nodes(self) -> int:
+        return len(self.hosts)
+
+    @property
+    def rendezvous(self) -> SshHost:
+        return self.hosts[0]
+
+
+def _eligible(site: Site, gpus_per_node: int) -> list[SshHost]:
+    return [h for h in site.hosts if h.gpus >= gpus_per_node]
+
+
+def node_shortfall(site: Site, nodes: int, gpus_per_node: int) -> str | None:
+    """Why ``site`` cannot hold ``nodes`` nodes of ``gpus_per_node`` GPUs (None: it can, when they are free)."""
+    if nodes <= 1:
+        return None
+    if site.hosts:
+        eligible = _eligible(site, gpus_per_node)
+        if len(eligible) >= nodes:
+            return None
+        fewer = len(site.hosts) - len(eligible)
+        return (f"site {site.name} has {len(eligible)} SSH host(s) with >= {gpus_per_node} GPUs"
+                f"{f' ({fewer} more with fewer GPUs)' if fewer else ''}; the job needs {nodes} nodes")
+    if site.kind is SiteKind.cloud:
+        return None  # N instances; their GPUs are checked against gpu_count with the other limits
+    return (f"site {site.name} lists no SSH hosts (it trains in a local process: 1 node); the job needs "
+            f"{nodes} nodes — add hosts to sites.{site.name}.hosts or set resources.nodes: 1")
+
+
+def reserve_hosts(site: Site, nodes: int, gpus_per_node: int, busy: Collection[str] = (),
+                  job: str = "job") -> HostReservation:
+    """The first ``nodes`` free hosts of ``site`` with ``gpus_per_node`` GPUs or more.
+
+    ``busy`` holds ``host_key`` names of hosts already running something. Raises
+    ``NoFeasiblePlacement`` naming the site and the counts when there are too few.
+    """
+    if nodes < 1:
+        raise ValueError(f"nodes must be >= 1, got {nodes}")
+    static = node_shortfall(site, nodes, gpus_per_node)
+    if static is not None:
+        raise NoFeasiblePlacement(job, {site.name: static})
+    if not site.hosts:
+        raise NoFeasiblePlacement(job, {site.name: f"site {site.name} lists no SSH hosts to reserve"})
+    eligible = _eligible(site, gpus_per_node)
+    free = [h for h in eligible if host_key(h) not in busy]
+    if len(free) < nodes:
+        taken = len(eligible) - len(free)
+        fewer = len(site.hosts) - len(eligible)
+        why = (f"site {site.name} has {len(free)} free host(s) with >= {gpus_per_node} GPUs ({len(site.hosts)} "
+               f"hosts, {taken} busy, {fewer} with fewer GPUs); the job needs {nodes}")
+        raise NoFeasiblePlacement(job, {site.name: why}, hint="wait for hosts to free up or place it elsewhere")
+    return HostReservation(site=site.name, hosts=tuple(free[:nodes]), gpus_per_node=gpus_per_node)

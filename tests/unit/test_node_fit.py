@@ -1,0 +1,78 @@
+"""Multi-node jobs in the spec and in placement: N hosts at one site, priced together, rejected with the numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridtrain.errors import NoFeasiblePlacement, SpecError
+from hybridtrain.placement.engine import decide
+from hybridtrain.placement.node_fit import host_key, node_shortfall, reserve_hosts
+from hybridtrain.placement.policy import Policy
+from hybridtrain.placement.request import request_from_spec
+from hybridtrain.specs.job import load_spec, parse_spec
+from hybridtrain.specs.sites import SshHost
+from tests.fixtures.placement_cases import CLOUD_EU, NOW, ONPREM, request, site
+from tests.fixtures.workspaces import ROOT
+
+
+def ssh(name: str, gpus: int) -> SshHost:
+    return SshHost(hostname=name, username="train", gpus=gpus)
+
+
+GPU1, GPU2, GPU3 = ssh("gpu1", 8), ssh("gpu2", 8), ssh("gpu3", 4)
+DC = site("onprem-dc1", kind="onprem", gpus=20).model_copy(update={"hosts": (GPU1, GPU2, GPU3)})
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    return Policy.load(ROOT / "deployments" / "policy.yaml")
+
+
+def test_nodes_default_to_one_and_the_request_counts_every_nodes_gpus():
+    data = load_spec(ROOT / "jobs" / "churn.yaml").to_dict()
+    assert parse_spec(data).resources.nodes == 1
+    data["resources"].update(nodes=3, gpus=2)
+    spec = parse_spec(data)
+    req = request_from_spec(spec, dataset_bytes=0, now=NOW)
+    assert (req.nodes, req.gpus, req.gpus_per_node) == (3, 6, 2)
+    data["resources"]["nodes"] = 0
+    with pytest.raises(SpecError) as bad:
+        parse_spec(data)
+    assert "resources.nodes" in str(bad.value)
+
+
+def test_a_site_needs_n_hosts_with_the_per_node_gpus():
+    assert node_shortfall(DC, 2, 8) is None
+    assert node_shortfall(DC, 3, 4) is None
+    assert node_shortfall(DC, 3, 8) == ("site onprem-dc1 has 2 SSH host(s) with >= 8 GPUs (1 more with fewer "
+                                        "GPUs); the job needs 3 nodes")
+    assert "lists no SSH hosts" in node_shortfall(ONPREM, 2, 1)
+    assert node_shortfall(CLOUD_EU, 4, 4) is None  # N instances; the GPU total is checked by the policy
+    assert node_shortfall(ONPREM, 1, 1) is None  # one node: what every site could always do
+
+
+def test_reserve_hosts_takes_free_hosts_in_catalog_order_and_says_why_not():
+    got = reserve_hosts(DC, 2, 4, busy={host_key(GPU1)})
+    assert got.hosts == (GPU2, GPU3) and got.rendezvous == GPU2 and got.nodes == 2
+    with pytest.raises(NoFeasiblePlacement) as full:
+        reserve_hosts(DC, 2, 8, busy={host_key(GPU2)}, job="big")
+    assert full.value.rejected == {"onprem-dc1": "site onprem-dc1 has 1 free host(s) with >= 8 GPUs (3 hosts, 1 busy, "
+                                                 "1 with fewer GPUs); the job needs 2"}
+
+
+def test_placement_rejects_sites_without_n_hosts_and_prices_the_nodes_together(policy):
+    one = decide(request(gpus=4, data_site="onprem-dc1", deadline=None), [ONPREM, CLOUD_EU], policy, now=NOW)
+    two = decide(request(gpus=8, nodes=2, data_site="onprem-dc1", deadline=None), [ONPREM, CLOUD_EU], policy,
+                 now=NOW)
+    assert one.site == "onprem-dc1"
+    assert two.site == "cloud-eu"
+    rejected = {c.site: (c.rule, c.reason) for c in two.candidates if not c.allowed}
+    assert rejected["onprem-dc1"] == ("spec resources.nodes", node_shortfall(ONPREM, 2, 4))
+    one_cloud = decide(request(gpus=4, data_site="onprem-dc1", deadline=None), [CLOUD_EU], policy, now=NOW)
+    assert two.estimate.compute_usd == pytest.approx(2 * one_cloud.estimate.compute_usd)
+    with_hosts = decide(request(gpus=16, nodes=2, data_site="onprem-dc1", deadline=None), [DC, CLOUD_EU], policy,
+                        now=NOW)
+    assert with_hosts.site == "onprem-dc1"
+    with pytest.raises(NoFeasiblePlacement) as nowhere:
+        decide(request(gpus=24, nodes=3, data_site="onprem-dc1", deadline=None), [DC, CLOUD_EU], policy, now=NOW)
+    assert "site onprem-dc1 has 20 GPUs; the job needs 24 (3 nodes × 8)" in str(nowhere.value)
