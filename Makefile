@@ -70,6 +70,22 @@ worker: venv
 		         HYBRIDTRAIN_WARM_SOCKET=$$WARM_RUN/warm-$$pool.sock $(BIN)/prefect worker start --pool $$pool --type process & \
 		       done; wait'
 
+# The served stack on loopback: PostgreSQL, S3 (moto), `mlflow server`, `prefect server start`,
+# deployments and 2 process workers per pool, then `hybridtrain doctor`. Free ports are picked on the
+# first `up` and kept (.hybridtrain/stack/stack.json); choose them with e.g.
+# `make up UP_ARGS="--prefect-port 14200 --mlflow-port 15000"`. Data survives `make down && make up`.
+up: venv system
+	$(BIN)/python scripts/stack.py up $(UP_ARGS)
+
+down:
+	$(BIN)/python scripts/stack.py down
+
+status:
+	$(BIN)/python scripts/stack.py status
+
+doctor: venv
+	$(BIN)/hybridtrain doctor
+
 bench: venv
 	$(BIN)/python benchmarks/orchestration_overhead.py
 

@@ -447,10 +447,11 @@ def drill(
         raise typer.Exit(1)
 
 
-from hybridtrain import cli_governance, cli_placement  # noqa: E402 - their commands join this app
+from hybridtrain import cli_governance, cli_placement, cli_service  # noqa: E402 - their commands join this app
 
 cli_placement.register(app)
 cli_governance.register(app)
+cli_service.register(app)
 
 
 def main() -> None:

@@ -59,7 +59,9 @@ class Registry:
         from mlflow import MlflowClient
 
         self.tracking_uri = tracking_uri
-        self.artifact_root = Path(artifact_root) if artifact_root else None
+        # A tracking server keeps artifacts where it was told to (e.g. S3); only a local store takes a root.
+        served = tracking_uri.startswith(("http://", "https://"))
+        self.artifact_root = Path(artifact_root) if artifact_root and not served else None
         if tracking_uri.startswith("sqlite:///"):
             Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
