@@ -275,11 +275,16 @@ def deploy(stack: Stack) -> None:
 
 def start_workers(stack: Stack) -> None:
     started = []
+    for name, cmd in stack.warm_cmds().items():
+        pool = name.removeprefix("warm-")
+        if not pid_of(stack, name):
+            stack.warm_socket(pool).parent.mkdir(parents=True, exist_ok=True)
+            spawn(stack, name, cmd, stack.worker_env(pool))
     for name, cmd in stack.worker_cmds().items():
         if pid_of(stack, name):
             continue
-        env = stack.worker_env()
-        spawn(stack, name, cmd, env)
+        pool = name.split("-")[1]
+        spawn(stack, name, cmd, stack.worker_env(pool))
         started.append(name)
     say(f"workers: {', '.join(stack.worker_cmds())}" + (f" ({len(started)} started)" if started else " (running)"))
 
@@ -303,7 +308,8 @@ def resolve(args: argparse.Namespace) -> Stack:
     changes = {k: v for k, v in {"prefect_port": args.prefect_port, "mlflow_port": args.mlflow_port,
                                  "postgres_port": args.postgres_port, "s3_port": args.s3_port,
                                  "workers_per_pool": args.workers_per_pool,
-                                 "worker_query_seconds": args.worker_query_seconds}.items() if v is not None}
+                                 "worker_query_seconds": args.worker_query_seconds,
+                                 "warm_spares": args.warm_spares}.items() if v is not None}
     if changes and args.command == "up":
         stack = stack.model_copy(update=changes)
     return stack
@@ -355,6 +361,8 @@ def down(stack: Stack) -> int:
     workers += [n for n in extra if stop(stack, n, grace_s=20)]
     if workers:
         say(f"stopped {len(workers)} workers")
+    for name in [p.stem for p in stack.run_dir.glob("warm-*.pid")]:
+        stop(stack, name, grace_s=20)
     for name in ("prefect-server", "mlflow"):
         if stop(stack, name):
             say(f"stopped {name}")
@@ -373,7 +381,8 @@ def status(stack: Stack) -> int:
             ("s3", http_ok(f"{stack.s3_url}/moto-api/data.json"), stack.s3_url),
             ("mlflow", http_ok(f"{stack.mlflow_url}/health"), stack.mlflow_url),
             ("prefect-server", http_ok(f"{stack.prefect_api}/health"), stack.prefect_api)]
-    rows += [(n, pid_of(stack, n) is not None, f"pid {pid_of(stack, n)}") for n in stack.worker_cmds()]
+    rows += [(n, pid_of(stack, n) is not None, f"pid {pid_of(stack, n)}")
+             for n in [*stack.warm_cmds(), *stack.worker_cmds()]]
     for name, ok, where in rows:
         print(f"{name:18} {'up  ' if ok else 'down'}  {where}")
     return 0 if all(ok for _, ok, _ in rows) else 1
@@ -388,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                         if os.environ.get(f"HYBRIDTRAIN_STACK_{k.upper()}_PORT") else None, help=f"{k} port (default: kept or free).")
     ap.add_argument("--workers-per-pool", type=int)
     ap.add_argument("--worker-query-seconds", type=float)
+    ap.add_argument("--warm-spares", type=int, help="Pre-started spare processes per pool (0: start runs cold).")
     ap.add_argument("--no-deploy", action="store_true", help="Skip `hybridtrain deploy`.")
     ap.add_argument("--no-workers", action="store_true", help="Start no workers.")
     ap.add_argument("--no-doctor", action="store_true", help="Skip the final `hybridtrain doctor`.")

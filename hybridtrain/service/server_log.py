@@ -2,8 +2,9 @@
 
 Prefect 3.8 runs its services as docket perpetual tasks and exposes no API for their health:
 ``/api/health`` stays ``true`` while the scheduler fails on every loop. What tells is the log —
-docket writes ``↫ [12ms] schedule_deployments()`` (INFO) after each good run and
-``↩ [100ms] schedule_deployments()`` (ERROR, with the traceback) after each failed one; class-based
+docket writes ``↫ [12ms] schedule_deployments()`` (INFO; ``↩`` for one-shot tasks such as
+``mark_flow_run_late``) after each good run and ``↩ [100ms] schedule_deployments()`` at ERROR, with
+the traceback, after each failed one; class-based
 services (event persister, task run recorder, triggers) log their errors under their own logger.
 A service is failing when the last thing it reported since the server last started is a failure.
 Example (``make ui``'s log, errors only): two ``↩ schedule_deployments`` errors ending
@@ -131,7 +132,7 @@ def service_statuses(lines: Iterable[str]) -> list[ServiceStatus]:
         d = _DOCKET.match(r.msg)
         if d and d["task"] in SERVICE_OF_TASK:
             key = (SERVICE_OF_TASK[d["task"]], d["task"])
-            ok = d["mark"] == "↫" and r.level not in ("ERROR", "CRITICAL")
+            ok = r.level not in ("ERROR", "CRITICAL")
         elif r.level in ("ERROR", "CRITICAL") and (service := _service_of_logger(r.logger)):
             key, ok = (service, r.logger), False
         else:

@@ -8,10 +8,11 @@ Nothing here starts a process: ``scripts/stack.py`` does, from these values.
 
 from __future__ import annotations
 
-import json
+import hashlib
 import secrets
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,6 +43,8 @@ class Stack(BaseModel):
     worker_query_seconds: float = Field(1.0, gt=0, description="How often each worker polls for due runs.")
     worker_prefetch_seconds: float = Field(
         10.0, ge=0, description="How long before its scheduled time a worker may start a run.")
+    warm_spares: int = Field(
+        2, ge=0, description="Pre-imported spare processes per pool (workers.warm_pool) that start runs; 0: cold.")
     pg_bin: str = Field(description="Directory of the PostgreSQL server binaries (initdb, pg_ctl).")
     pg_os_user: str | None = Field(
         None, description="OS user that runs PostgreSQL when started as root (it refuses to run as root).")
@@ -161,10 +164,21 @@ class Stack(BaseModel):
                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
                 "DVC_NO_ANALYTICS": "1", "PREFECT_LOGGING_EXTRA_LOGGERS": "hybridtrain"}
 
-    def worker_env(self) -> dict[str, str]:
-        return {**self.client_env(), **self.s3_env(),
-                "PREFECT_WORKER_QUERY_SECONDS": f"{self.worker_query_seconds:g}",
-                "PREFECT_WORKER_PREFETCH_SECONDS": f"{self.worker_prefetch_seconds:g}"}
+    def warm_socket(self, pool: str) -> Path:
+        """The pool's warm-pool daemon socket (under /tmp when the state path is too long for a socket)."""
+        path = self.run_dir / f"warm-{pool}.sock"
+        if len(str(path)) > 100:
+            digest = hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
+            path = Path(tempfile.gettempdir()) / f"hybridtrain-{digest}-warm-{pool}.sock"
+        return path
+
+    def worker_env(self, pool: str) -> dict[str, str]:
+        env = {**self.client_env(), **self.s3_env(),
+               "PREFECT_WORKER_QUERY_SECONDS": f"{self.worker_query_seconds:g}",
+               "PREFECT_WORKER_PREFETCH_SECONDS": f"{self.worker_prefetch_seconds:g}"}
+        if self.warm_spares:
+            env["HYBRIDTRAIN_WARM_SOCKET"] = str(self.warm_socket(pool))
+        return env
 
     # -- commands ---------------------------------------------------------------------------
 
@@ -182,6 +196,13 @@ class Stack(BaseModel):
 
     def s3_cmd(self) -> list[str]:
         return [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.s3_port)]
+
+    def warm_cmds(self) -> dict[str, list[str]]:
+        """Name -> command of each pool's warm-pool daemon (none when ``warm_spares`` is 0)."""
+        if not self.warm_spares:
+            return {}
+        return {f"warm-{pool}": [sys.executable, "-m", "workers.warm_pool", "--spares", str(self.warm_spares)]
+                for pool in self.pools}
 
     def worker_cmds(self) -> dict[str, list[str]]:
         """Name -> command of each process worker (``onprem-1``, ``onprem-2``, ``cloud-1`` ...)."""
