@@ -278,8 +278,11 @@ def start_workers(stack: Stack) -> None:
     for name, cmd in stack.warm_cmds().items():
         pool = name.removeprefix("warm-")
         if not pid_of(stack, name):
-            stack.warm_socket(pool).parent.mkdir(parents=True, exist_ok=True)
-            spawn(stack, name, cmd, stack.worker_env(pool))
+            sock = stack.warm_socket(pool)
+            sock.parent.mkdir(parents=True, exist_ok=True)
+            sock.parent.chmod(0o700)
+            proc = spawn(stack, name, cmd, stack.worker_env(pool))
+            wait_for(f"warm pool {pool}", sock.exists, proc, stack.logs / f"{name}.log", timeout=120)
     for name, cmd in stack.worker_cmds().items():
         if pid_of(stack, name):
             continue

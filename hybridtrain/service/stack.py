@@ -166,10 +166,10 @@ class Stack(BaseModel):
 
     def warm_socket(self, pool: str) -> Path:
         """The pool's warm-pool daemon socket (under /tmp when the state path is too long for a socket)."""
-        path = self.run_dir / f"warm-{pool}.sock"
+        path = self.state / "warm" / f"{pool}.sock"  # its directory must be 0700 (workers.warm_pool checks)
         if len(str(path)) > 100:
             digest = hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
-            path = Path(tempfile.gettempdir()) / f"hybridtrain-{digest}-warm-{pool}.sock"
+            path = Path(tempfile.gettempdir()) / f"hybridtrain-warm-{digest}" / f"{pool}.sock"
         return path
 
     def worker_env(self, pool: str) -> dict[str, str]:
