@@ -364,6 +364,10 @@ def down(stack: Stack) -> int:
     workers += [n for n in extra if stop(stack, n, grace_s=20)]
     if workers:
         say(f"stopped {len(workers)} workers")
+        crashed = mark_orphans_crashed(stack)
+        if crashed:
+            say(f"marked {crashed} flow runs the stopped workers were running CRASHED (recover-runs resubmits "
+                "lifecycle runs from their checkpoints)")
     for name in [p.stem for p in stack.run_dir.glob("warm-*.pid")]:
         stop(stack, name, grace_s=20)
     for name in ("prefect-server", "mlflow"):
@@ -376,6 +380,29 @@ def down(stack: Stack) -> int:
     if stop_postgres(stack):
         say("stopped postgres")
     return 0
+
+
+def mark_orphans_crashed(stack: Stack) -> int:
+    """Runs left PENDING/RUNNING in the stack's pools once its workers are gone would hold pool slots forever."""
+    import json
+
+    def call(method: str, path: str, body: dict) -> object:
+        req = urllib.request.Request(f"{stack.prefect_api}{path}", data=json.dumps(body).encode(), method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read() or b"null")
+
+    try:
+        runs = call("POST", "/flow_runs/filter", {
+            "flow_runs": {"state": {"type": {"any_": ["PENDING", "RUNNING", "CANCELLING"]}}},
+            "work_pools": {"name": {"any_": list(stack.pools)}}, "limit": 200})
+        for run in runs:
+            call("POST", f"/flow_runs/{run['id']}/set_state",
+                 {"state": {"type": "CRASHED", "message": "its worker was stopped by `make down`"}, "force": True})
+    except OSError as exc:
+        say(f"could not mark the stopped workers' runs crashed ({exc}); recover-runs will find them")
+        return 0
+    return len(runs)
 
 
 def status(stack: Stack) -> int:
