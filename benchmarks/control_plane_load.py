@@ -152,7 +152,7 @@ def scheduled_lags(since: datetime) -> list[float]:
 
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)),
-                                     limit=1000)
+                                     limit=200)
     return [(r.start_time - r.expected_start_time).total_seconds() for r in runs
             if r.auto_scheduled and r.start_time and r.expected_start_time]
 

@@ -31,8 +31,11 @@ WAIT_S = 600.0
 @pytest.fixture(scope="module")
 def client_env(served):
     stack = Stack.load(served)
-    old = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "HYBRIDTRAIN_HOME", "PREFECT_HOME")}
-    os.environ.update({"PREFECT_API_URL": stack.prefect_api, "HYBRIDTRAIN_HOME": str(served)})
+    env = {k: v for k, v in stack.client_env().items() if k in ("PREFECT_API_URL", "HYBRIDTRAIN_HOME",
+                                                                "HYBRIDTRAIN_MLFLOW_TRACKING_URI")}
+    old = {k: os.environ.get(k) for k in (*env, "PREFECT_HOME")}
+    os.environ.pop("PREFECT_HOME", None)
+    os.environ.update(env)
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: stack.prefect_api}):
@@ -73,6 +76,58 @@ def test_burst_controller_and_recovery_run_on_their_own_schedules(served, client
     # Created by the server's scheduler from the interval schedule: scheduled 10 s apart.
     times = sorted(r.expected_start_time for r in runs_of("burst-controller") if r.auto_scheduled)
     assert any(abs((b - a).total_seconds() - 10) < 0.01 for a, b in zip(times, times[1:]))
+
+
+def test_a_late_onprem_run_is_moved_by_the_scheduled_burst_controller(served, client_env):
+    """As tests/flows/test_placement_and_burst.py, but nobody calls the controller: its schedule does.
+
+    The on-prem GPUs are taken by two running trainings (made through the API, no process behind
+    them); the late run waits in a paused queue of the on-prem pool, standing in for "no free slot"
+    (the pool's run limit counts runs, not GPUs, so its live workers would otherwise start it).
+    """
+    from datetime import UTC, datetime, timedelta
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Running, Scheduled
+
+    from flows.data import prepare_data
+    from hybridtrain import stages
+    from hybridtrain.spec import load_spec
+    from hybridtrain.workspace import Workspace
+    from tests.flows.conftest import spec_writer
+
+    ws = Workspace.resolve(served)
+    spec = load_spec(spec_writer(served)("filler", placement__site=None, budget_usd=500, deadline="3h",
+                                          resources__gpus=4, resources__max_hours=4))
+    run_id = stages.open_run(ws, spec, None)
+    approved = prepare_data(spec=spec, run_id=run_id, workspace=str(served)).anon.approved
+    params = {"spec": spec.to_dict(), "approved": approved.model_dump(mode="json"), "site": "onprem-dc1",
+              "run_id": run_id}
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name("train-stage/onprem")
+        queue = client.create_work_queue(name="no-free-slot", work_pool_name="onprem")
+        client.update_work_queue(queue.id, is_paused=True)
+        fillers = []
+        for i in range(2):  # 8 of 8 GPUs busy
+            fr = client.create_flow_run_from_deployment(dep.id, parameters={**params, "run_key": f"filler-{i}"},
+                                                        work_queue_name="no-free-slot")
+            client.set_flow_run_state(fr.id, Running(), force=True)
+            fillers.append(fr.id)
+        late = client.create_flow_run_from_deployment(
+            dep.id, parameters={**params, "run_key": "late"}, work_queue_name="no-free-slot",
+            state=Scheduled(scheduled_time=datetime.now(UTC) - timedelta(minutes=10)))
+        try:
+            moved = wait_until(lambda: (r := client.read_flow_run(late.id)).state.is_cancelled() and r,
+                               "the scheduled burst controller to move the late run", timeout=WAIT_S, every=1.0)
+            assert moved.state.message.startswith("moved:"), moved.state.message
+            new_id = moved.state.message.removeprefix("moved:").split(":", 1)[0]
+            replacement = client.read_flow_run(new_id)
+            assert replacement.work_pool_name == "cloud" and replacement.parameters["site"] == "cloud-eu"
+            mover = [r for r in runs_of("burst-controller") if r.auto_scheduled and r.state.is_completed()]
+            assert mover, "moved by a scheduled burst-controller run"
+        finally:
+            for fr_id in [*fillers, *([new_id] if "new_id" in locals() else [])]:
+                client.set_flow_run_state(fr_id, Cancelled(message="test over"), force=True)
 
 
 def test_a_killed_lifecycle_run_is_resubmitted_by_the_scheduled_recovery(served, client_env):
