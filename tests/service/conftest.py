@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,3 +80,4 @@ def served(request) -> Iterator[Path]:
         yield root
     finally:
         stack_cli(root, "down", check=False)
+        shutil.rmtree(root.parent, ignore_errors=True)
