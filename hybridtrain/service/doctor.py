@@ -18,7 +18,7 @@ from pathlib import Path
 from hybridtrain.service.server_log import service_statuses
 from hybridtrain.service.stack import Stack
 
-TIMEOUT_S = 5.0
+TIMEOUT_S = 20.0  # generous: a busy host (or a server under load) answers slowly, which is not a failure
 
 
 @dataclass(frozen=True)
