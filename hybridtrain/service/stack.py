@@ -154,6 +154,13 @@ class Stack(BaseModel):
         return {"PREFECT_HOME": str(self.prefect_home),
                 "PREFECT_API_DATABASE_CONNECTION_URL": self.db_url("prefect", "asyncpg"),
                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                # Defaults (5 s to connect, 10 s per statement, 5+10 pooled connections) turn a busy
+                # host's slow PostgreSQL logins into HTTP 500s (TimeoutError in connect); keep more
+                # connections open and wait longer for a new one.
+                "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": "30",
+                "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
+                "PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE": "20",
+                "PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW": "20",
                 "PREFECT_LOGGING_SETTINGS_PATH": str(self.state / "prefect-logging.yml"),
                 "PREFECT_UI_API_URL": self.prefect_api}
 
