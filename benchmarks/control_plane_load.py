@@ -159,13 +159,15 @@ def scheduled_lags(since: datetime) -> list[float]:
             if r.auto_scheduled and r.start_time and r.expected_start_time]
 
 
-def trainings(root: Path, mlflow_ids: set[str] | None = None) -> Counter:
-    """Successful training attempts per job, from the audit log."""
+def trainings(root: Path, since: datetime) -> Counter:
+    """Successful training attempts per load job since ``since`` (this benchmark's), from the audit log."""
     from hybridtrain.audit_log import AuditLog
 
+    after = since.strftime("%Y-%m-%dT%H:%M:%S")
     done: Counter = Counter()
     for r in AuditLog.in_workspace(root).records():
-        if r.action == "training_attempt" and str(r.outcome).startswith("succeeded") and r.subject.startswith("job load-"):
+        if (r.action == "training_attempt" and str(r.outcome).startswith("succeeded")
+                and r.subject.startswith("job load-") and r.at >= after):
             done[r.subject.removeprefix("job ")] += 1
     return done
 
@@ -247,7 +249,7 @@ def main() -> int:
     states = Counter(r.state_type.value for r in runs.values())
     lost = [i for i in ids if i not in runs or runs[i].state_type.value not in TERMINAL]
     stuck = [i for i in ids if i in runs and runs[i].state_type.value == "RUNNING"]
-    done = trainings(root)
+    done = trainings(root, began)
     dupes = {job: n for job, n in done.items() if n > 1}
     aliases = alias_problems(stack.mlflow_url)
     verify = subprocess.run([sys.executable, "-m", "hybridtrain.cli", "audit", "verify", "--home", str(root)],
