@@ -13,7 +13,7 @@ PREFECT_PORT ?= 4200
 MLFLOW_PORT  ?= 5000
 UI_API := http://127.0.0.1:$(PREFECT_PORT)/api
 
-.PHONY: venv demo test ui ui-stop deploy worker bench lock clean
+.PHONY: venv system demo test ui ui-stop deploy worker bench lock clean up down status doctor
 
 venv: $(STAMP)
 
@@ -29,10 +29,15 @@ $(STAMP): requirements/lock.txt pyproject.toml
 demo: venv
 	$(BIN)/hybridtrain demo
 
+# Debian packages the tests and `make up` need beyond pip (sshd, PostgreSQL 15, chromium); quick
+# when installed; without root it prints the one command to run and stops.
+system:
+	scripts/setup-system.sh
+
 # Test files run in parallel, one worker per CPU core (at most 4; each starts its own Prefect
 # server): about 9 minutes on 2 cores instead of 14. `make test TEST_WORKERS=0` runs them serially.
 TEST_WORKERS ?= auto
-test: venv
+test: venv system
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 4
 
@@ -65,6 +70,22 @@ worker: venv
 		         HYBRIDTRAIN_WARM_SOCKET=$$WARM_RUN/warm-$$pool.sock $(BIN)/python -m workers.warm_pool --spares 2 & \
 		         HYBRIDTRAIN_WARM_SOCKET=$$WARM_RUN/warm-$$pool.sock $(BIN)/prefect worker start --pool $$pool --type process & \
 		       done; wait'
+
+# The served stack on loopback: PostgreSQL, S3 (moto), `mlflow server`, `prefect server start`,
+# deployments and 2 process workers per pool, then `hybridtrain doctor`. Free ports are picked on the
+# first `up` and kept (.hybridtrain/stack/stack.json); choose them with e.g.
+# `make up UP_ARGS="--prefect-port 14200 --mlflow-port 15000"`. Data survives `make down && make up`.
+up: venv system
+	$(BIN)/python scripts/stack.py up $(UP_ARGS)
+
+down:
+	$(BIN)/python scripts/stack.py down
+
+status:
+	$(BIN)/python scripts/stack.py status
+
+doctor: venv
+	$(BIN)/hybridtrain doctor
 
 bench: venv
 	$(BIN)/python benchmarks/orchestration_overhead.py

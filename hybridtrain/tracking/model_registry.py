@@ -60,7 +60,9 @@ class Registry:
         from mlflow import MlflowClient  # lazy: heavy (mlflow)
 
         self.tracking_uri = tracking_uri
-        self.artifact_root = Path(artifact_root) if artifact_root else None
+        # A tracking server keeps artifacts where it was told to (e.g. S3); only a local store takes a root.
+        served = tracking_uri.startswith(("http://", "https://"))
+        self.artifact_root = Path(artifact_root) if artifact_root and not served else None
         if tracking_uri.startswith("sqlite:///"):
             Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
@@ -217,8 +219,10 @@ class Registry:
             self.client.get_registered_model(name)
         except MlflowException:
             self.client.create_registered_model(name, description="Registered by hybridtrain.")
+        # A LoggedModel source (models:/m-<id>) must name its model id: an MLflow server rejects it otherwise.
+        model_id = model_uri.removeprefix("models:/") if model_uri.startswith("models:/m-") else None
         mv = self.client.create_model_version(
-            name, source=model_uri, run_id=run_id, tags={k: str(v) for k, v in tags.items()}
+            name, source=model_uri, run_id=run_id, tags={k: str(v) for k, v in tags.items()}, model_id=model_id
         )
         return self.version(name, mv.version)
 

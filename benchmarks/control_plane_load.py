@@ -1,0 +1,296 @@
+"""Control-plane load: N lifecycle runs queued at once on the served stack (PostgreSQL, workers per pool).
+
+    python benchmarks/control_plane_load.py [--runs 200] [--home WS] [--restart] [--json OUT]
+
+Without ``--home`` it builds a throwaway workspace (sample data, test-sized job), starts the stack
+with ``scripts/stack.py up`` (PostgreSQL, S3, MLflow server, Prefect server, 2 workers per pool, the
+pools' concurrency limits from the sites catalog) and stops it at the end. Each run is the lifecycle
+deployment ``training-lifecycle/churn-onprem`` of its own small job (``load-000`` ...; one epoch),
+so runs only wait for capacity, never for each other's training lease. ``--restart`` queues the runs
+while no worker is up, then runs ``down`` and ``up``: the queue must survive it.
+
+Reports: every run terminal (lost = not terminal in time or gone), duplicated trainings (a job
+trained to success more than once), stuck RUNNING, registry aliases consistent, ``hybridtrain audit
+verify``; runs/minute; API latency p50/p99 under load against the same calls on the idle stack
+(the baseline, measured first in this run); schedule lag p99 (scheduled time -> RUNNING) of the
+scheduled control runs (burst controller, recovery) under the load, and each load run's queue wait.
+Last line: ``control_plane_lost_runs: L of N (target 0)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+DEPLOYMENT = "training-lifecycle/churn-onprem"
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
+
+
+def stack_cmd(root: Path, *args: str) -> None:
+    env = {**os.environ, "HYBRIDTRAIN_HOME": str(root)}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "stack.py"), *args, "--home", str(root)],
+                          env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"stack {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n"
+                         f"{proc.stderr[-4000:]}")
+
+
+def make_workspace(runs: int) -> Path:
+    from tests.fixtures.workspaces import ROOT as PROJECT
+    from tests.fixtures.workspaces import build_workspace, spec_writer
+
+    base = Path(tempfile.mkdtemp(prefix="hybridtrain-load-"))
+    base.chmod(0o755)  # PostgreSQL runs as its own user when started as root: it must pass through
+    root = build_workspace(base / "ws", rows=2000)
+    for pkg in ("flows", "tasks", "blocks", "workers"):
+        (root / pkg).symlink_to(PROJECT / pkg, target_is_directory=True)
+    write = spec_writer(root)
+    for i in range(runs):
+        write(f"load-{i:03d}", metadata__name=f"load-{i:03d}", model__epochs=1)
+    return root
+
+
+class ApiProbe:
+    """Times the calls the UI and the workers make (read runs, read a pool) every ``every`` seconds."""
+
+    def __init__(self, api: str, every: float = 0.5):
+        import httpx
+
+        self.client = httpx.Client(base_url=api, timeout=30)
+        self.every = every
+        self.samples: list[float] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def once(self) -> None:
+        import httpx
+
+        for method, path, body in (("POST", "/flow_runs/filter", {"limit": 10}), ("GET", "/work_pools/onprem", None)):
+            t = time.perf_counter()
+            try:
+                resp = self.client.request(method, path, json=body)
+                ok = resp.status_code < 500
+            except httpx.HTTPError:  # a failed call is counted, the probe goes on
+                ok = False
+            if ok:
+                self.samples.append((time.perf_counter() - t) * 1000)
+            else:
+                self.errors += 1
+
+    def run_for(self, seconds: float) -> list[float]:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.once()
+            time.sleep(self.every)
+        return self.samples
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.wait(self.every):
+                self.once()
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=60)
+
+
+def queue_runs(n: int, stamp: str) -> list[str]:
+    from prefect.client.orchestration import get_client
+
+    ids = []
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name(DEPLOYMENT)
+        for i in range(n):
+            fr = client.create_flow_run_from_deployment(
+                dep.id, parameters={"spec_path": f"jobs/load-{i:03d}.yaml", "dispatch": "inline"},
+                idempotency_key=f"load-{stamp}-{i}", tags=["load-benchmark"])
+            ids.append(str(fr.id))
+    return ids
+
+
+def read_runs(ids: list[str]) -> dict[str, object]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    out = {}
+    with get_client(sync_client=True) as client:
+        for chunk in range(0, len(ids), 200):
+            part = ids[chunk:chunk + 200]
+            for fr in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=part)),
+                                            limit=len(part)):
+                out[str(fr.id)] = fr
+    return out
+
+
+def scheduled_lags(since: datetime) -> list[float]:
+    """Scheduled time -> start, seconds, of the auto-scheduled runs (control flows) that started since ``since``."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)),
+                                     limit=200)
+    return [(r.start_time - r.expected_start_time).total_seconds() for r in runs
+            if r.auto_scheduled and r.start_time and r.expected_start_time]
+
+
+def trainings(root: Path, since: datetime) -> Counter:
+    """Successful training attempts per load job since ``since`` (this benchmark's), from the audit log."""
+    from hybridtrain.governance.audit_log import AuditLog
+
+    after = since.strftime("%Y-%m-%dT%H:%M:%S")
+    done: Counter = Counter()
+    for r in AuditLog.in_workspace(root).records():
+        if (r.action == "training_attempt" and str(r.outcome).startswith("succeeded")
+                and r.subject.startswith("job load-") and r.at >= after):
+            done[r.subject.removeprefix("job ")] += 1
+    return done
+
+
+def alias_problems(tracking_uri: str) -> list[str]:
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    problems = []
+    for model in client.search_registered_models(max_results=1000):
+        for alias, version in (model.aliases or {}).items():
+            try:
+                mv = client.get_model_version(model.name, version)
+            except MlflowException as exc:
+                problems.append(f"{model.name}@{alias} -> v{version}: {exc}")
+                continue
+            if mv.run_id and client.get_run(mv.run_id).info.status != "FINISHED":
+                problems.append(f"{model.name}@{alias} -> v{version}: its run is {client.get_run(mv.run_id).info.status}")
+    return problems
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--home", type=Path, help="Workspace of a running `make up` stack (default: a new one).")
+    ap.add_argument("--restart", action="store_true", help="Queue with no worker up, then `down` and `up`.")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="Seconds for every run to end.")
+    ap.add_argument("--json", type=Path, help="Also write the results here.")
+    ap.add_argument("--keep", action="store_true", help="Leave the stack running.")
+    args = ap.parse_args()
+
+    from hybridtrain.service.stack import Stack
+
+    own = args.home is None
+    root = make_workspace(args.runs) if own else args.home.resolve()
+    if not own:
+        from tests.fixtures.workspaces import spec_writer
+
+        write = spec_writer(root)
+        for i in range(args.runs):
+            write(f"load-{i:03d}", metadata__name=f"load-{i:03d}", model__epochs=1)
+    t0 = time.monotonic()
+    if args.restart and not own:
+        stack_cmd(root, "down")  # come back without workers, so the runs stay queued until the restart
+    if own or args.restart:
+        fresh = Stack.load(root) is None
+        stack_cmd(root, "up", "--no-doctor", *(["--no-workers"] if args.restart else []),
+                  *([] if fresh else ["--no-deploy"]))
+    stack = Stack.load(root)
+    print(f"stack up at {stack.prefect_api} in {time.monotonic() - t0:.0f} s; workspace {root}", flush=True)
+    os.environ.update({"PREFECT_API_URL": stack.prefect_api, "HYBRIDTRAIN_HOME": str(root)})
+
+    probe = ApiProbe(stack.prefect_api)
+    idle = list(probe.run_for(15.0))
+    probe.samples.clear()
+    began = datetime.now(UTC)
+    stamp = began.strftime("%Y%m%dT%H%M%S")
+    t_queue = time.monotonic()
+    ids = queue_runs(args.runs, stamp)
+    print(f"queued {len(ids)} runs in {time.monotonic() - t_queue:.1f} s", flush=True)
+    if args.restart:
+        stack_cmd(root, "down")
+        stack_cmd(root, "up", "--no-deploy", "--no-doctor")
+        print("stack restarted (down, up) with every run still queued", flush=True)
+    probe.start()
+    deadline = time.monotonic() + args.timeout
+    runs: dict = {}
+    while time.monotonic() < deadline:
+        runs = read_runs(ids)
+        states = Counter(r.state_type.value for r in runs.values())
+        if len(runs) == len(ids) and all(s in TERMINAL for s in states):
+            break
+        print(f"  {time.monotonic() - t_queue:6.0f} s  {dict(states)}", flush=True)
+        time.sleep(10)
+    elapsed = time.monotonic() - t_queue
+    probe.stop()
+    runs = read_runs(ids)
+    states = Counter(r.state_type.value for r in runs.values())
+    lost = [i for i in ids if i not in runs or runs[i].state_type.value not in TERMINAL]
+    stuck = [i for i in ids if i in runs and runs[i].state_type.value == "RUNNING"]
+    done = trainings(root, began)
+    dupes = {job: n for job, n in done.items() if n > 1}
+    aliases = alias_problems(stack.mlflow_url)
+    verify = subprocess.run([sys.executable, "-m", "hybridtrain.cli.main", "audit", "verify", "--home", str(root)],
+                            capture_output=True, text=True, env={**os.environ, **stack.client_env()})
+    lags = scheduled_lags(began)
+    waits = [(r.start_time - r.expected_start_time).total_seconds() for r in runs.values()
+             if r.start_time and r.expected_start_time]
+    completed = states.get("COMPLETED", 0)
+    result = {
+        "runs": len(ids), "states": dict(states), "lost": len(lost), "stuck_running": len(stuck),
+        "duplicated_trainings": sum(n - 1 for n in dupes.values()), "trained_jobs": len(done),
+        "alias_problems": aliases, "audit_verify_rc": verify.returncode,
+        "elapsed_s": round(elapsed, 1), "runs_per_minute": round(completed / elapsed * 60, 2),
+        "api_idle_p50_ms": round(pct(idle, 50), 1), "api_idle_p99_ms": round(pct(idle, 99), 1),
+        "api_load_p50_ms": round(pct(probe.samples, 50), 1), "api_load_p99_ms": round(pct(probe.samples, 99), 1),
+        "api_errors": probe.errors, "api_samples": len(probe.samples),
+        "schedule_lag_p50_s": round(pct(lags, 50), 2), "schedule_lag_p99_s": round(pct(lags, 99), 2),
+        "scheduled_runs": len(lags),
+        "queue_wait_p50_s": round(pct(waits, 50), 1), "queue_wait_p99_s": round(pct(waits, 99), 1),
+        "restart": args.restart,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    print(f"states: {dict(states)}  (runs that did not complete: "
+          f"{[(i, runs[i].state.message) for i in ids if i in runs and runs[i].state_type.value != 'COMPLETED'][:5]})")
+    print(f"every run terminal: {not lost}; stuck RUNNING: {len(stuck)}; duplicated trainings: "
+          f"{result['duplicated_trainings']} ({len(done)} jobs trained); registry aliases consistent: {not aliases} "
+          f"{aliases[:3] if aliases else ''}; audit verify: {'passes' if verify.returncode == 0 else verify.stderr[-500:]}")
+    print(f"throughput: {result['runs_per_minute']} runs/minute ({completed} completed in {elapsed:.0f} s)")
+    ratio = result["api_load_p99_ms"] / result["api_idle_p99_ms"] if result["api_idle_p99_ms"] else float("nan")
+    print(f"API latency under load: p50 {result['api_load_p50_ms']} ms, p99 {result['api_load_p99_ms']} ms "
+          f"(idle baseline p50 {result['api_idle_p50_ms']} ms, p99 {result['api_idle_p99_ms']} ms; "
+          f"p99 ratio {ratio:.2f}x; target p99 <= 500 ms; {probe.errors} failed calls)")
+    print(f"schedule lag (scheduled -> RUNNING) of {len(lags)} scheduled control runs: p50 "
+          f"{result['schedule_lag_p50_s']} s, p99 {result['schedule_lag_p99_s']} s (target p99 <= 5 s); "
+          f"load runs' queue wait p50 {result['queue_wait_p50_s']} s, p99 {result['queue_wait_p99_s']} s")
+    if own and not args.keep:
+        stack_cmd(root, "down")
+    print(f"control_plane_lost_runs: {len(lost)} of {len(ids)} (target 0)")
+    ok = not lost and not stuck and not dupes and not aliases and verify.returncode == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""Stack: the served control plane's layout — its ports, data directories, URLs and each process's command.
+
+One ``Stack`` is written to ``.hybridtrain/stack/stack.json`` by the first ``make up`` and read back by
+every later ``up``, ``down``, ``status`` and ``hybridtrain doctor``, so the ports and the database
+password stay the same and the data under ``.hybridtrain/stack/`` survives ``make down && make up``.
+Nothing here starts a process: ``scripts/stack.py`` does, from these values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hybridtrain.errors import Problem, SpecError
+
+STACK_DIR = ".hybridtrain/stack"
+PG_BIN_CANDIDATES = ("/usr/lib/postgresql/15/bin",)
+POOLS = ("onprem", "cloud")
+
+
+class Stack(BaseModel):
+    """Where each part of the served stack listens and keeps its data (all on loopback)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: Path = Field(description="Workspace root; the stack's state lives in <root>/.hybridtrain/stack.")
+    host: str = Field("127.0.0.1", description="Address every server binds; loopback only.")
+    prefect_port: int = Field(description="Prefect API + UI port.")
+    mlflow_port: int = Field(description="MLflow tracking server port.")
+    postgres_port: int = Field(description="PostgreSQL port (Prefect's and MLflow's databases).")
+    s3_port: int = Field(description="S3-compatible store (moto server mode) standing in for S3.")
+    db_user: str = Field("hybridtrain", description="PostgreSQL role owning both databases.")
+    db_password: str = Field(description="That role's password (also in stack.json, mode 0600).")
+    bucket: str = Field("hybridtrain-mlflow", description="Bucket holding MLflow's artifacts.")
+    pools: tuple[str, ...] = Field(POOLS, description="Work pools that get workers.")
+    workers_per_pool: int = Field(2, ge=1, description="Process workers started per pool.")
+    worker_query_seconds: float = Field(1.0, gt=0, description="How often each worker polls for due runs.")
+    worker_prefetch_seconds: float = Field(
+        10.0, ge=0, description="How long before its scheduled time a worker may start a run.")
+    warm_spares: int = Field(
+        2, ge=0, description="Pre-imported spare processes per pool (workers.warm_pool) that start runs; 0: cold.")
+    pg_bin: str = Field(description="Directory of the PostgreSQL server binaries (initdb, pg_ctl).")
+    pg_os_user: str | None = Field(
+        None, description="OS user that runs PostgreSQL when started as root (it refuses to run as root).")
+
+    # -- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def file(cls, root: Path) -> Path:
+        return Path(root).resolve() / STACK_DIR / "stack.json"
+
+    @classmethod
+    def load(cls, root: Path) -> Stack | None:
+        """The stack written by an earlier ``up`` of this workspace, if any."""
+        path = cls.file(root)
+        if not path.is_file():
+            return None
+        try:
+            return cls.model_validate_json(path.read_text())
+        except ValueError as exc:
+            raise SpecError(str(path), [Problem("", f"unreadable stack settings ({exc.__class__.__name__}); "
+                                                    "fix or delete the file and run `make up` again")]) from exc
+
+    @classmethod
+    def create(cls, root: Path, ports: dict[str, int], *, is_root: bool, **overrides: object) -> Stack:
+        """A new stack for ``root`` on ``ports`` (prefect, mlflow, postgres, s3)."""
+        pg_bin = overrides.pop("pg_bin", None) or find_pg_bin()
+        return cls(root=Path(root).resolve(), prefect_port=ports["prefect"], mlflow_port=ports["mlflow"],
+                   postgres_port=ports["postgres"], s3_port=ports["s3"], db_password=secrets.token_urlsafe(18),
+                   pg_bin=str(pg_bin), pg_os_user="postgres" if is_root else None, **overrides)
+
+    def save(self) -> Path:
+        path = self.file(self.root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.model_dump_json(indent=2) + "\n")
+        tmp.chmod(0o600)
+        tmp.replace(path)
+        return path
+
+    # -- places -----------------------------------------------------------------------------
+
+    @property
+    def state(self) -> Path:
+        return self.root / STACK_DIR
+
+    @property
+    def logs(self) -> Path:
+        return self.state / "logs"
+
+    @property
+    def run_dir(self) -> Path:
+        """Pid files of the processes ``up`` started."""
+        return self.state / "run"
+
+    @property
+    def pg_dir(self) -> Path:
+        """PostgreSQL's own directory (owned by its OS user): the cluster in ``data/``, its log."""
+        return self.state / "postgres"
+
+    @property
+    def pg_data(self) -> Path:
+        return self.pg_dir / "data"
+
+    @property
+    def s3_snapshot(self) -> Path:
+        """The bucket's objects, saved by ``down`` and put back by ``up`` (moto keeps them in memory only)."""
+        return self.state / "s3"
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.state / "prefect"
+
+    def server_log(self) -> Path:
+        return self.logs / "prefect-server.log"
+
+    def services_log(self) -> Path:
+        """Every run of the server's background services, success or failure (``hybridtrain doctor`` reads it)."""
+        return self.logs / "prefect-services.log"
+
+    # -- URLs -------------------------------------------------------------------------------
+
+    @property
+    def prefect_api(self) -> str:
+        return f"http://{self.host}:{self.prefect_port}/api"
+
+    @property
+    def mlflow_url(self) -> str:
+        return f"http://{self.host}:{self.mlflow_port}"
+
+    @property
+    def s3_url(self) -> str:
+        return f"http://{self.host}:{self.s3_port}"
+
+    def db_url(self, database: str, driver: str = "") -> str:
+        scheme = f"postgresql+{driver}" if driver else "postgresql"
+        return f"{scheme}://{self.db_user}:{self.db_password}@{self.host}:{self.postgres_port}/{database}"
+
+    # -- environments -----------------------------------------------------------------------
+
+    def s3_env(self) -> dict[str, str]:
+        """Credentials for the S3 stand-in (moto accepts any; dummies keep real AWS ones out)."""
+        return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+                "MLFLOW_S3_ENDPOINT_URL": self.s3_url}
+
+    def prefect_server_env(self) -> dict[str, str]:
+        return {"PREFECT_HOME": str(self.prefect_home),
+                "PREFECT_API_DATABASE_CONNECTION_URL": self.db_url("prefect", "asyncpg"),
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                # Defaults (5 s to connect, 10 s per statement, 5+10 pooled connections) turn a busy
+                # host's slow PostgreSQL logins into HTTP 500s (TimeoutError in connect); keep more
+                # connections open and wait longer for a new one.
+                "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": "30",
+                "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
+                "PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE": "20",
+                "PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW": "20",
+                "PREFECT_LOGGING_SETTINGS_PATH": str(self.state / "prefect-logging.yml"),
+                "PREFECT_UI_API_URL": self.prefect_api}
+
+    def client_env(self) -> dict[str, str]:
+        """What a process talking to this stack needs: the Prefect API, MLflow, the workspace."""
+        return {"PREFECT_API_URL": self.prefect_api, "HYBRIDTRAIN_HOME": str(self.root),
+                "HYBRIDTRAIN_MLFLOW_TRACKING_URI": self.mlflow_url, "MLFLOW_TRACKING_URI": self.mlflow_url,
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
+                "DVC_NO_ANALYTICS": "1", "PREFECT_LOGGING_EXTRA_LOGGERS": "hybridtrain"}
+
+    def warm_socket(self, pool: str) -> Path:
+        """The pool's warm-pool daemon socket (under /tmp when the state path is too long for a socket)."""
+        path = self.state / "warm" / f"{pool}.sock"  # its directory must be 0700 (workers.warm_pool checks)
+        if len(str(path)) > 100:
+            digest = hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
+            path = Path(tempfile.gettempdir()) / f"hybridtrain-warm-{digest}" / f"{pool}.sock"
+        return path
+
+    def worker_env(self, pool: str) -> dict[str, str]:
+        env = {**self.client_env(), **self.s3_env(),
+               "PREFECT_WORKER_QUERY_SECONDS": f"{self.worker_query_seconds:g}",
+               "PREFECT_WORKER_PREFETCH_SECONDS": f"{self.worker_prefetch_seconds:g}"}
+        if self.warm_spares:
+            env["HYBRIDTRAIN_WARM_SOCKET"] = str(self.warm_socket(pool))
+        return env
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def prefect_server_cmd(self) -> list[str]:
+        return [sys.executable, "-m", "prefect", "server", "start", "--host", self.host,
+                "--port", str(self.prefect_port)]
+
+    def mlflow_cmd(self) -> list[str]:
+        return [sys.executable, "-m", "mlflow", "server", "--host", self.host, "--port", str(self.mlflow_port),
+                "--backend-store-uri", self.db_url("mlflow"),
+                "--artifacts-destination", f"s3://{self.bucket}/mlflow",
+                # One uvicorn process: with more, uvicorn's supervisor kills a worker that misses its
+                # 5 s health ping while starting on a busy host, and restarts it in a loop.
+                "--workers", "1"]
+
+    def s3_cmd(self) -> list[str]:
+        return [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.s3_port)]
+
+    def warm_cmds(self) -> dict[str, list[str]]:
+        """Name -> command of each pool's warm-pool daemon (none when ``warm_spares`` is 0)."""
+        if not self.warm_spares:
+            return {}
+        return {f"warm-{pool}": [sys.executable, "-m", "workers.warm_pool", "--spares", str(self.warm_spares)]
+                for pool in self.pools}
+
+    def worker_cmds(self) -> dict[str, list[str]]:
+        """Name -> command of each process worker (``onprem-1``, ``onprem-2``, ``cloud-1`` ...)."""
+        return {f"worker-{pool}-{i}": [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool,
+                                        "--type", "process", "--name", f"{pool}-{i}"]
+                for pool in self.pools for i in range(1, self.workers_per_pool + 1)}
+
+
+def find_pg_bin() -> Path:
+    """The PostgreSQL server binaries: Debian's ``postgresql-15``, else ``initdb`` on PATH."""
+    for cand in PG_BIN_CANDIDATES:
+        if (Path(cand) / "initdb").is_file():
+            return Path(cand)
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).resolve().parent
+    raise SpecError("PostgreSQL", [Problem("initdb", "PostgreSQL server binaries not found; install them with "
+                                                     "`scripts/setup-system.sh` (Debian postgresql-15)")])
+
+
+def logging_config(services_log: Path) -> str:
+    """Prefect's server logging config plus a file that records every background-service run.
+
+    Prefect 3.8 runs its services (scheduler, late runs, foreman, ...) as docket perpetual tasks;
+    docket logs each run at INFO (``↫``) and each failure at ERROR (``↩`` and the traceback) on the
+    ``docket`` loggers, which Prefect's default config drops below WARNING. Keeping them in their
+    own rotating file lets ``hybridtrain doctor`` tell a service failing now from one that failed once.
+    """
+    from importlib.resources import files
+
+    import yaml
+
+    base = yaml.safe_load(files("prefect.logging").joinpath("logging.yml").read_text())
+    base["handlers"]["services_file"] = {"class": "logging.handlers.RotatingFileHandler", "level": "INFO",
+                                         "formatter": "standard", "filename": str(services_log),
+                                         "maxBytes": 5_000_000, "backupCount": 1}
+    base["handlers"]["console_warnings"] = {**base["handlers"]["console"], "level": "WARNING"}
+    for name in ("docket", "prefect.server.services", "prefect.server.events.services"):
+        base["loggers"][name] = {"level": "INFO", "handlers": ["services_file", "console_warnings"],
+                                 "propagate": False}
+    return yaml.safe_dump(base, sort_keys=False)

@@ -1,0 +1,443 @@
+"""Stack launcher: `make up` / `make down` / `make status` — the served control plane on loopback.
+
+    python scripts/stack.py up [--home DIR] [--prefect-port N ...] [--workers-per-pool N] [--no-deploy]
+    python scripts/stack.py down [--home DIR]
+    python scripts/stack.py status [--home DIR]
+
+`up` starts, in order and each only if not already running: PostgreSQL 15 (Debian's binaries; a
+cluster in .hybridtrain/stack/postgres, run as the `postgres` user when started as root), the S3
+stand-in (moto server mode; the bucket is created and the objects saved by the last `down` put
+back), `mlflow server` (PostgreSQL backend store, artifacts proxied to S3), `prefect server start`
+(on PostgreSQL, services on), then `hybridtrain deploy` (pools, blocks, deployments with their
+schedules) and process workers per pool, and ends with `hybridtrain doctor`. Ports are free ones
+picked on the first `up` (or given), kept in .hybridtrain/stack/stack.json for every later one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hybridtrain.errors import HybridtrainError  # noqa: E402
+from hybridtrain.service.stack import Stack, logging_config  # noqa: E402
+
+START_TIMEOUT_S = float(os.environ.get("HYBRIDTRAIN_STACK_START_TIMEOUT_S", "180"))
+
+
+def say(msg: str) -> None:
+    print(f"stack: {msg}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def wait_for(what: str, ok, proc: subprocess.Popen | None = None, log: Path | None = None,
+             timeout: float = START_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ok():
+            return
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log and log.is_file() else ""
+            raise SystemExit(f"stack: {what} exited with {proc.returncode} while starting; log {log}:\n{tail}")
+        time.sleep(0.2)
+    raise SystemExit(f"stack: {what} did not come up in {timeout:.0f} s; see {log}")
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+# -- pid files ------------------------------------------------------------------------------------
+
+def pid_of(stack: Stack, name: str) -> int | None:
+    f = stack.run_dir / f"{name}.pid"
+    try:
+        pid = int(f.read_text())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def spawn(stack: Stack, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Start ``cmd`` in its own session (so `down` can stop it with everything it started)."""
+    stack.logs.mkdir(parents=True, exist_ok=True)
+    stack.run_dir.mkdir(parents=True, exist_ok=True)
+    log = stack.logs / f"{name}.log"
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(cmd, cwd=stack.root, env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    (stack.run_dir / f"{name}.pid").write_text(str(proc.pid))
+    return proc
+
+
+def stop(stack: Stack, name: str, grace_s: float = 15.0) -> bool:
+    """SIGTERM the process group of ``name``, SIGKILL after ``grace_s``; True if it was running."""
+    pid = pid_of(stack, name)
+    (stack.run_dir / f"{name}.pid").unlink(missing_ok=True)
+    if pid is None:
+        return False
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
+
+
+# -- PostgreSQL -----------------------------------------------------------------------------------
+
+def as_pg_user(stack: Stack, cmd: list[str]) -> list[str]:
+    return ["runuser", "-u", stack.pg_os_user, "--", *cmd] if stack.pg_os_user else cmd
+
+
+def pg_run(stack: Stack, cmd: list[str]) -> None:
+    proc = subprocess.run(as_pg_user(stack, cmd), capture_output=True, text=True, cwd="/")
+    if proc.returncode != 0:
+        raise SystemExit(f"stack: {' '.join(cmd[:2])} failed (exit {proc.returncode}): {proc.stderr[-2000:]}"
+                         f"{proc.stdout[-1000:]}")
+
+
+def check_traversable(stack: Stack) -> None:
+    """PostgreSQL runs as another user: every directory above its own must let that user pass."""
+    if not stack.pg_os_user:
+        return
+    for d in [stack.pg_dir.parent, *stack.pg_dir.parent.parents]:
+        if d.exists() and not (d.stat().st_mode & 0o001):
+            raise SystemExit(f"stack: PostgreSQL runs as user {stack.pg_os_user!r}, which cannot enter {d} "
+                             f"(mode {oct(d.stat().st_mode & 0o777)}); allow it with `chmod o+x {d}` or put the "
+                             "workspace elsewhere")
+
+
+def start_postgres(stack: Stack) -> None:
+    pg = Path(stack.pg_bin)
+    check_traversable(stack)
+    stack.pg_dir.mkdir(parents=True, exist_ok=True)
+    if stack.pg_os_user:
+        pw = pwd.getpwnam(stack.pg_os_user)
+        os.chown(stack.pg_dir, pw.pw_uid, pw.pw_gid)
+    stack.pg_dir.chmod(0o700)
+    if not (stack.pg_data / "PG_VERSION").is_file():
+        pwfile = stack.pg_dir / "pwfile"
+        pwfile.write_text(stack.db_password + "\n")
+        if stack.pg_os_user:
+            os.chown(pwfile, pw.pw_uid, pw.pw_gid)
+        pwfile.chmod(0o600)
+        try:
+            pg_run(stack, [str(pg / "initdb"), "-D", str(stack.pg_data), "-U", stack.db_user, f"--pwfile={pwfile}",
+                           "--auth=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8"])
+        finally:
+            pwfile.unlink(missing_ok=True)
+        say(f"initialised PostgreSQL cluster in {stack.pg_data}")
+    if port_open(stack.host, stack.postgres_port) and (stack.pg_data / "postmaster.pid").is_file():
+        say(f"postgres already running on {stack.host}:{stack.postgres_port}")
+    else:
+        opts = (f"-p {stack.postgres_port} -c listen_addresses={stack.host} -c unix_socket_directories='' "
+                "-c max_connections=300 -c shared_buffers=64MB -c fsync=on")
+        pg_run(stack, [str(pg / "pg_ctl"), "-D", str(stack.pg_data), "-l", str(stack.pg_dir / "postgres.log"),
+                       "-o", opts, "-w", "-t", "60", "start"])
+        say(f"postgres on {stack.host}:{stack.postgres_port}")
+    import psycopg2
+
+    conn = psycopg2.connect(host=stack.host, port=stack.postgres_port, user=stack.db_user,
+                            password=stack.db_password, dbname="postgres", connect_timeout=10)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        for db in ("prefect", "mlflow"):
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,))
+            if cur.fetchone() is None:
+                cur.execute(f'CREATE DATABASE "{db}"')
+                say(f"created database {db}")
+    conn.close()
+
+
+def stop_postgres(stack: Stack) -> bool:
+    if not (stack.pg_data / "postmaster.pid").is_file():
+        return False
+    pg_run(stack, [str(Path(stack.pg_bin) / "pg_ctl"), "-D", str(stack.pg_data), "-m", "fast", "-w", "stop"])
+    return True
+
+
+# -- S3 stand-in ----------------------------------------------------------------------------------
+
+def s3_client(stack: Stack):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=stack.s3_url, aws_access_key_id="testing",
+                        aws_secret_access_key="testing", region_name="us-east-1")
+
+
+def start_s3(stack: Stack) -> None:
+    if pid_of(stack, "s3") and port_open(stack.host, stack.s3_port):
+        say(f"s3 already running at {stack.s3_url}")
+        return
+    proc = spawn(stack, "s3", stack.s3_cmd(), stack.s3_env())
+    wait_for("s3 (moto)", lambda: http_ok(f"{stack.s3_url}/moto-api/data.json"), proc, stack.logs / "s3.log")
+    client = s3_client(stack)
+    client.create_bucket(Bucket=stack.bucket)
+    restored = 0
+    if stack.s3_snapshot.is_dir():
+        for f in sorted(p for p in stack.s3_snapshot.rglob("*") if p.is_file()):
+            client.upload_file(str(f), stack.bucket, f.relative_to(stack.s3_snapshot).as_posix())
+            restored += 1
+    say(f"s3 at {stack.s3_url}, bucket {stack.bucket}" + (f" ({restored} objects restored)" if restored else ""))
+
+
+def save_s3(stack: Stack) -> int:
+    """Copy every object of the bucket to the snapshot directory (moto keeps state in memory only)."""
+    client = s3_client(stack)
+    tmp = stack.s3_snapshot.with_name("s3.saving")
+    shutil.rmtree(tmp, ignore_errors=True)
+    count = 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=stack.bucket):
+        for obj in page.get("Contents", []):
+            dest = tmp / obj["Key"]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            client.download_file(stack.bucket, obj["Key"], str(dest))
+            count += 1
+    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(stack.s3_snapshot, ignore_errors=True)
+    tmp.replace(stack.s3_snapshot)
+    return count
+
+
+# -- MLflow, Prefect, workers ---------------------------------------------------------------------
+
+def start_mlflow(stack: Stack) -> None:
+    if pid_of(stack, "mlflow") and http_ok(f"{stack.mlflow_url}/health"):
+        say(f"mlflow already running at {stack.mlflow_url}")
+        return
+    # No job runner (huey consumers for MLflow's GenAI jobs): nothing here uses them.
+    env = {**stack.s3_env(), "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = spawn(stack, "mlflow", stack.mlflow_cmd(), env)
+    wait_for("mlflow server", lambda: http_ok(f"{stack.mlflow_url}/health"), proc, stack.logs / "mlflow.log")
+    say(f"mlflow at {stack.mlflow_url} (backend PostgreSQL, artifacts s3://{stack.bucket}/mlflow)")
+
+
+def start_prefect(stack: Stack) -> None:
+    if pid_of(stack, "prefect-server") and http_ok(f"{stack.prefect_api}/health"):
+        say(f"prefect server already running at {stack.prefect_api}")
+        return
+    stack.prefect_home.mkdir(parents=True, exist_ok=True)
+    stack.logs.mkdir(parents=True, exist_ok=True)
+    (stack.state / "prefect-logging.yml").write_text(logging_config(stack.services_log()))
+    proc = spawn(stack, "prefect-server", stack.prefect_server_cmd(), stack.prefect_server_env())
+    wait_for("prefect server", lambda: http_ok(f"{stack.prefect_api}/ready"), proc, stack.server_log())
+    say(f"prefect server at {stack.prefect_api} (UI http://{stack.host}:{stack.prefect_port}), database PostgreSQL")
+
+
+def deploy(stack: Stack) -> None:
+    env = {**os.environ, **stack.client_env()}
+    env.pop("PREFECT_HOME", None)
+    proc = subprocess.run([sys.executable, "-m", "hybridtrain.cli.main", "deploy", "--home", str(stack.root)],
+                          cwd=stack.root, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"stack: `hybridtrain deploy` failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}"
+                         f"\n{proc.stderr[-3000:]}")
+    say("deployed pools, blocks and deployments (`hybridtrain deploy`)")
+
+
+def start_workers(stack: Stack) -> None:
+    started = []
+    for name, cmd in stack.warm_cmds().items():
+        pool = name.removeprefix("warm-")
+        if not pid_of(stack, name):
+            sock = stack.warm_socket(pool)
+            sock.parent.mkdir(parents=True, exist_ok=True)
+            sock.parent.chmod(0o700)
+            proc = spawn(stack, name, cmd, stack.worker_env(pool))
+            wait_for(f"warm pool {pool}", sock.exists, proc, stack.logs / f"{name}.log", timeout=120)
+    for name, cmd in stack.worker_cmds().items():
+        if pid_of(stack, name):
+            continue
+        pool = name.split("-")[1]
+        spawn(stack, name, cmd, stack.worker_env(pool))
+        started.append(name)
+    say(f"workers: {', '.join(stack.worker_cmds())}" + (f" ({len(started)} started)" if started else " (running)"))
+
+
+def doctor(stack: Stack) -> int:
+    env = {**os.environ, **stack.client_env()}
+    return subprocess.run([sys.executable, "-m", "hybridtrain.cli.main", "doctor", "--home", str(stack.root)],
+                          cwd=stack.root, env=env).returncode
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+def resolve(args: argparse.Namespace) -> Stack:
+    root = Path(args.home or os.environ.get("HYBRIDTRAIN_HOME") or os.getcwd()).resolve()
+    stack = Stack.load(root)
+    if stack is None:
+        if args.command != "up":
+            raise SystemExit(f"stack: no stack in {Stack.file(root)}; start one with `make up`")
+        ports = {k: getattr(args, f"{k}_port") or free_port() for k in ("prefect", "mlflow", "postgres", "s3")}
+        stack = Stack.create(root, ports, is_root=os.geteuid() == 0)
+    changes = {k: v for k, v in {"prefect_port": args.prefect_port, "mlflow_port": args.mlflow_port,
+                                 "postgres_port": args.postgres_port, "s3_port": args.s3_port,
+                                 "workers_per_pool": args.workers_per_pool,
+                                 "worker_query_seconds": args.worker_query_seconds,
+                                 "warm_spares": args.warm_spares}.items() if v is not None}
+    if changes and args.command == "up":
+        stack = stack.model_copy(update=changes)
+    return stack
+
+
+def up(stack: Stack, args: argparse.Namespace) -> int:
+    stack.save()
+    start_postgres(stack)
+    start_s3(stack)
+    start_mlflow(stack)
+    start_prefect(stack)
+    if not args.no_deploy:
+        deploy(stack)
+    if not args.no_workers:
+        start_workers(stack)
+    print(f"\nPrefect UI   http://{stack.host}:{stack.prefect_port}\nMLflow UI    {stack.mlflow_url}\n"
+          f"export PREFECT_API_URL={stack.prefect_api} HYBRIDTRAIN_MLFLOW_TRACKING_URI={stack.mlflow_url}\n"
+          f"Logs in {stack.logs}; stop with `make down`.\n", flush=True)
+    if args.no_doctor:
+        return 0
+    # Workers register on their first poll; give them that long before the doctor looks.
+    if not args.no_workers:
+        wait_workers(stack)
+    return doctor(stack)
+
+
+def wait_workers(stack: Stack, timeout: float = 60.0) -> None:
+    import json
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        online = 0
+        for pool in stack.pools:
+            req = urllib.request.Request(f"{stack.prefect_api}/work_pools/{pool}/workers/filter", data=b"{}",
+                                         method="POST", headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    online += sum(w.get("status") == "ONLINE" for w in json.loads(resp.read()))
+            except OSError:
+                pass
+        if online >= len(stack.pools) * stack.workers_per_pool:
+            return
+        time.sleep(0.5)
+
+
+def down(stack: Stack) -> int:
+    workers = [n for n in stack.worker_cmds() if stop(stack, n, grace_s=20)]
+    extra = [p.stem for p in stack.run_dir.glob("worker-*.pid")]  # workers from an `up` with more per pool
+    workers += [n for n in extra if stop(stack, n, grace_s=20)]
+    if workers:
+        say(f"stopped {len(workers)} workers")
+        crashed = mark_orphans_crashed(stack)
+        if crashed:
+            say(f"marked {crashed} flow runs the stopped workers were running CRASHED (recover-runs resubmits "
+                "lifecycle runs from their checkpoints)")
+    for name in [p.stem for p in stack.run_dir.glob("warm-*.pid")]:
+        stop(stack, name, grace_s=20)
+    for name in ("prefect-server", "mlflow"):
+        if stop(stack, name):
+            say(f"stopped {name}")
+    if pid_of(stack, "s3"):
+        count = save_s3(stack)
+        stop(stack, "s3")
+        say(f"stopped s3 (saved {count} objects to {stack.s3_snapshot})")
+    if stop_postgres(stack):
+        say("stopped postgres")
+    return 0
+
+
+def mark_orphans_crashed(stack: Stack) -> int:
+    """Runs left PENDING/RUNNING in the stack's pools once its workers are gone would hold pool slots forever."""
+    import json
+
+    def call(method: str, path: str, body: dict) -> object:
+        req = urllib.request.Request(f"{stack.prefect_api}{path}", data=json.dumps(body).encode(), method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read() or b"null")
+
+    try:
+        runs = call("POST", "/flow_runs/filter", {
+            "flow_runs": {"state": {"type": {"any_": ["PENDING", "RUNNING", "CANCELLING"]}}},
+            "work_pools": {"name": {"any_": list(stack.pools)}}, "limit": 200})
+        for run in runs:
+            call("POST", f"/flow_runs/{run['id']}/set_state",
+                 {"state": {"type": "CRASHED", "message": "its worker was stopped by `make down`"}, "force": True})
+    except OSError as exc:
+        say(f"could not mark the stopped workers' runs crashed ({exc}); recover-runs will find them")
+        return 0
+    return len(runs)
+
+
+def status(stack: Stack) -> int:
+    rows = [("postgres", (stack.pg_data / "postmaster.pid").is_file() and port_open(stack.host, stack.postgres_port),
+             f"{stack.host}:{stack.postgres_port}"),
+            ("s3", http_ok(f"{stack.s3_url}/moto-api/data.json"), stack.s3_url),
+            ("mlflow", http_ok(f"{stack.mlflow_url}/health"), stack.mlflow_url),
+            ("prefect-server", http_ok(f"{stack.prefect_api}/health"), stack.prefect_api)]
+    rows += [(n, pid_of(stack, n) is not None, f"pid {pid_of(stack, n)}")
+             for n in [*stack.warm_cmds(), *stack.worker_cmds()]]
+    for name, ok, where in rows:
+        print(f"{name:18} {'up  ' if ok else 'down'}  {where}")
+    return 0 if all(ok for _, ok, _ in rows) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("command", choices=["up", "down", "status"])
+    ap.add_argument("--home", help="Workspace root (default: HYBRIDTRAIN_HOME or cwd).")
+    for k in ("prefect", "mlflow", "postgres", "s3"):
+        ap.add_argument(f"--{k}-port", type=int, default=int(os.environ[f"HYBRIDTRAIN_STACK_{k.upper()}_PORT"])
+                        if os.environ.get(f"HYBRIDTRAIN_STACK_{k.upper()}_PORT") else None, help=f"{k} port (default: kept or free).")
+    ap.add_argument("--workers-per-pool", type=int)
+    ap.add_argument("--worker-query-seconds", type=float)
+    ap.add_argument("--warm-spares", type=int, help="Pre-started spare processes per pool (0: start runs cold).")
+    ap.add_argument("--no-deploy", action="store_true", help="Skip `hybridtrain deploy`.")
+    ap.add_argument("--no-workers", action="store_true", help="Start no workers.")
+    ap.add_argument("--no-doctor", action="store_true", help="Skip the final `hybridtrain doctor`.")
+    args = ap.parse_args(argv)
+    try:
+        stack = resolve(args)
+    except HybridtrainError as exc:
+        raise SystemExit(f"stack: {exc}") from None
+    return {"up": lambda: up(stack, args), "down": lambda: down(stack), "status": lambda: status(stack)}[args.command]()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""The served stack on real parts: Prefect on PostgreSQL with its services on, MLflow server on PostgreSQL + S3, workers.
+
+Everything goes the way users' work goes: `scripts/stack.py up` (= `make up`) starts it, schedules
+fire through the server's own scheduler, process workers run the flows, `hybridtrain doctor` reads
+it. In order: the doctor sees every part healthy; the burst controller and the recovery run on their
+own (shortened) schedules; a lifecycle run killed mid-flight is resubmitted by the scheduled recovery
+and finishes; runs queued across `down` + `up` all finish (the load benchmark, small); and with
+PostgreSQL stopped under a running server the doctor names the database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from hybridtrain.drill.timeline import wait_until
+from hybridtrain.service.stack import Stack
+from tests.fixtures.workspaces import ROOT
+from tests.service.conftest import hybridtrain_cli
+
+pytestmark = pytest.mark.slow
+WAIT_S = 600.0
+
+
+@pytest.fixture(scope="module")
+def client_env(served):
+    stack = Stack.load(served)
+    env = {k: v for k, v in stack.client_env().items() if k in ("PREFECT_API_URL", "HYBRIDTRAIN_HOME",
+                                                                "HYBRIDTRAIN_MLFLOW_TRACKING_URI")}
+    old = {k: os.environ.get(k) for k in (*env, "PREFECT_HOME")}
+    os.environ.pop("PREFECT_HOME", None)
+    os.environ.update(env)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: stack.prefect_api}):
+        yield stack
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def runs_of(flow_name: str):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])), limit=200)
+
+
+def test_the_doctor_finds_every_part_healthy(served, client_env):
+    proc = hybridtrain_cli(served, "doctor")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for part in ("postgres", "s3", "mlflow", "prefect api", "prefect database", "prefect service scheduler",
+                 "prefect service late runs", "prefect service foreman", "pool onprem", "pool cloud"):
+        assert f"ok      {part}:" in proc.stdout, (part, proc.stdout)
+    assert "PostgreSQL 15" in proc.stdout and "2 worker(s) online" in proc.stdout
+
+
+def test_burst_controller_and_recovery_run_on_their_own_schedules(served, client_env):
+    def completed(flow: str) -> list:
+        return [r for r in runs_of(flow) if r.auto_scheduled and r.state and r.state.is_completed()]
+
+    burst = wait_until(lambda: len(done := completed("burst-controller")) >= 2 and done,
+                       "two scheduled burst-controller runs to complete", timeout=WAIT_S, every=1.0)
+    recovery = wait_until(lambda: completed("recover-runs"), "a scheduled recover-runs run to complete",
+                          timeout=WAIT_S, every=1.0)
+    assert {r.work_pool_name for r in burst + recovery} == {"onprem"}
+    # Created by the server's scheduler from the interval schedule: scheduled 10 s apart.
+    times = sorted(r.expected_start_time for r in runs_of("burst-controller") if r.auto_scheduled)
+    assert any(abs((b - a).total_seconds() - 10) < 0.01 for a, b in zip(times, times[1:]))
+
+
+def test_a_late_onprem_run_is_moved_by_the_scheduled_burst_controller(served, client_env):
+    """As tests/flows/test_placement_and_burst.py, but nobody calls the controller: its schedule does.
+
+    The on-prem GPUs are taken by two running trainings (made through the API, no process behind
+    them); the late run waits in a paused queue of the on-prem pool, standing in for "no free slot"
+    (the pool's run limit counts runs, not GPUs, so its live workers would otherwise start it).
+    """
+    from datetime import UTC, datetime, timedelta
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Running, Scheduled
+
+    from flows.data import prepare_data
+    from hybridtrain import stages
+    from hybridtrain.specs.job import load_spec
+    from hybridtrain.workspace import Workspace
+    from tests.fixtures.workspaces import spec_writer
+
+    ws = Workspace.resolve(served)
+    spec = load_spec(spec_writer(served)("filler", placement__site=None, budget_usd=500, deadline="3h",
+                                          resources__gpus=4, resources__max_hours=4))
+    run_id = stages.open_run(ws, spec, None)
+    approved = prepare_data(spec=spec, run_id=run_id, workspace=str(served)).anon.approved
+    params = {"spec": spec.to_dict(), "approved": approved.model_dump(mode="json"), "site": "onprem-dc1",
+              "run_id": run_id}
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name("train-stage/onprem")
+        queue = client.create_work_queue(name="no-free-slot", work_pool_name="onprem")
+        client.update_work_queue(queue.id, is_paused=True)
+        fillers = []
+        for i in range(2):  # 8 of 8 GPUs busy
+            fr = client.create_flow_run_from_deployment(dep.id, parameters={**params, "run_key": f"filler-{i}"},
+                                                        work_queue_name="no-free-slot")
+            client.set_flow_run_state(fr.id, Running(), force=True)
+            fillers.append(fr.id)
+        late = client.create_flow_run_from_deployment(
+            dep.id, parameters={**params, "run_key": "late"}, work_queue_name="no-free-slot",
+            state=Scheduled(scheduled_time=datetime.now(UTC) - timedelta(minutes=10)))
+        try:
+            moved = wait_until(lambda: (r := client.read_flow_run(late.id)).state.is_cancelled() and r,
+                               "the scheduled burst controller to move the late run", timeout=WAIT_S, every=1.0)
+            assert moved.state.message.startswith("moved:"), moved.state.message
+            new_id = moved.state.message.removeprefix("moved:").split(":", 1)[0]
+            replacement = client.read_flow_run(new_id)
+            assert replacement.work_pool_name == "cloud" and replacement.parameters["site"] == "cloud-eu"
+            mover = [r for r in runs_of("burst-controller") if r.auto_scheduled and r.state.is_completed()]
+            assert mover, "moved by a scheduled burst-controller run"
+        finally:
+            for fr_id in [*fillers, *([new_id] if "new_id" in locals() else [])]:
+                client.set_flow_run_state(fr_id, Cancelled(message="test over"), force=True)
+
+
+def test_a_killed_lifecycle_run_is_resubmitted_by_the_scheduled_recovery(served, client_env):
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    from flows.recovery import RECOVERED
+    from tests.fixtures.workspaces import spec_writer
+    from tests.integration.test_recovery import flow_run_pids
+
+    spec = spec_writer(served)("killed", model__epochs=1)
+    run = run_deployment("training-lifecycle/churn-onprem", timeout=0,
+                         parameters={"spec_path": str(spec.relative_to(served)), "dispatch": "inline"})
+    key = str(run.id)
+    pids = wait_until(lambda: flow_run_pids(key), "the lifecycle run's process", timeout=WAIT_S, every=0.2)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)  # the host dies under the run
+    with get_client(sync_client=True) as client:
+        wait_until(lambda: client.read_flow_run(run.id).state.is_crashed(), "the worker to mark it CRASHED",
+                   timeout=WAIT_S, every=0.5)
+        # Nobody calls recover_runs here: its schedule (every 10 s) does.
+        new = wait_until(lambda: [r for r in runs_of("training-lifecycle") if f"recovered-from:{key}" in (r.tags or [])],
+                         "the scheduled recovery to resubmit the run", timeout=WAIT_S, every=1.0)
+        assert len(new) == 1
+        done = wait_until(lambda: (r := client.read_flow_run(new[0].id)).state.is_final() and r,
+                          "the resubmitted run to finish", timeout=WAIT_S, every=1.0)
+        assert done.state.is_completed(), done.state
+        assert done.parameters["run_key"] == key
+        assert RECOVERED in client.read_flow_run(run.id).tags
+    # Exactly one resubmission, however many recovery runs looked at it since.
+    assert len([r for r in runs_of("training-lifecycle") if f"recovered-from:{key}" in (r.tags or [])]) == 1
+
+
+def test_runs_queued_across_down_and_up_all_finish(served, client_env, tmp_path):
+    out = tmp_path / "load.json"
+    env = {**os.environ}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "control_plane_load.py"), "--home", str(served),
+                           "--runs", "2", "--restart", "--timeout", str(WAIT_S), "--json", str(out)],
+                          env=env, capture_output=True, text=True, timeout=WAIT_S + 900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["states"] == {"COMPLETED": 2}, result
+    assert (result["lost"], result["stuck_running"], result["duplicated_trainings"]) == (0, 0, 0)
+    assert result["trained_jobs"] == 2 and result["alias_problems"] == [] and result["audit_verify_rc"] == 0
+    assert proc.stdout.strip().splitlines()[-1] == "control_plane_lost_runs: 0 of 2 (target 0)"
+
+
+def test_the_doctor_names_the_database_when_postgres_stops(served, client_env):
+    stack = Stack.load(served)
+    cmd = [f"{stack.pg_bin}/pg_ctl", "-D", str(stack.pg_data), "-m", "fast", "-w", "stop"]
+    if stack.pg_os_user:
+        cmd = ["runuser", "-u", stack.pg_os_user, "--", *cmd]
+    subprocess.run(cmd, check=True, capture_output=True, cwd="/")
+    proc = hybridtrain_cli(served, "doctor", "--quiet")
+    assert proc.returncode == 1
+    problems = [line for line in proc.stderr.splitlines() if line.startswith("PROBLEM")]
+    assert problems[0].startswith(f"PROBLEM postgres: 127.0.0.1:{stack.postgres_port}: "), problems
+    assert any(p.startswith("PROBLEM prefect database: ") and "503" in p for p in problems), problems

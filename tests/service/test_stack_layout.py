@@ -1,0 +1,78 @@
+"""The stack's layout as plain values, and `hybridtrain doctor` against parts that are not there."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hybridtrain.drill.loopback import free_port
+from hybridtrain.errors import SpecError
+from hybridtrain.service.stack import Stack, logging_config
+
+PORTS = {"prefect": 14200, "mlflow": 15000, "postgres": 15432, "s3": 19000}
+
+
+def test_a_stack_is_kept_with_its_ports_and_password_for_the_next_up(tmp_path):
+    stack = Stack.create(tmp_path, PORTS, is_root=True, pg_bin="/usr/lib/postgresql/15/bin")
+    path = stack.save()
+    assert path == tmp_path.resolve() / ".hybridtrain" / "stack" / "stack.json" and path.stat().st_mode & 0o777 == 0o600
+    again = Stack.load(tmp_path)
+    assert again == stack and again.pg_os_user == "postgres" and len(again.db_password) >= 20
+    assert Stack.create(tmp_path, PORTS, is_root=False, pg_bin="/x").pg_os_user is None
+    assert again.prefect_server_env()["PREFECT_API_DATABASE_CONNECTION_URL"] == (
+        f"postgresql+asyncpg://hybridtrain:{again.db_password}@127.0.0.1:15432/prefect")
+    assert again.db_url("mlflow") in again.mlflow_cmd() and "s3://hybridtrain-mlflow/mlflow" in again.mlflow_cmd()
+    env = again.worker_env("onprem")
+    assert env["PREFECT_API_URL"] == "http://127.0.0.1:14200/api" and env["PREFECT_WORKER_QUERY_SECONDS"] == "1"
+    assert env["HYBRIDTRAIN_MLFLOW_TRACKING_URI"] == "http://127.0.0.1:15000"
+    assert sorted(again.worker_cmds()) == ["worker-cloud-1", "worker-cloud-2", "worker-onprem-1", "worker-onprem-2"]
+
+
+def test_a_broken_stack_file_is_one_line_naming_it(tmp_path):
+    Stack.file(tmp_path).parent.mkdir(parents=True)
+    Stack.file(tmp_path).write_text('{"root": "/x", "bogus": 1}')
+    with pytest.raises(SpecError) as caught:
+        Stack.load(tmp_path)
+    assert str(Stack.file(tmp_path)) in str(caught.value) and "delete the file" in str(caught.value)
+
+
+def test_warm_sockets_move_to_tmp_when_the_path_is_too_long_for_a_socket(tmp_path):
+    deep = tmp_path / ("d" * 80)
+    stack = Stack.create(deep, PORTS, is_root=False, pg_bin="/x")
+    sock = stack.warm_socket("onprem")
+    assert len(str(sock)) <= 100 and sock.name == "onprem.sock" and sock.parent != stack.warm_socket("cloud").parent.parent
+    short = Stack.create(Path("/srv/ws"), PORTS, is_root=False, pg_bin="/x").warm_socket("cloud")
+    assert short == Path("/srv/ws/.hybridtrain/stack/warm/cloud.sock")
+
+
+def test_the_server_logging_config_keeps_every_service_run_in_its_own_file(tmp_path):
+    config = yaml.safe_load(logging_config(tmp_path / "services.log"))
+    assert config["handlers"]["services_file"]["filename"] == str(tmp_path / "services.log")
+    assert config["loggers"]["docket"]["level"] == "INFO"
+    assert config["handlers"]["console_warnings"]["level"] == "WARNING"
+    assert "console" in config["handlers"] and "prefect.server" in config["loggers"]  # Prefect's own config kept
+
+
+def doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    return subprocess.run([sys.executable, "-m", "hybridtrain.cli.main", "doctor", "--home", str(tmp_path), *args],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_doctor_names_a_prefect_server_that_is_not_there(tmp_path):
+    port = free_port()
+    proc = doctor(tmp_path, "--api", f"http://127.0.0.1:{port}/api")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[0].startswith(f"PROBLEM prefect api: not reachable at http://127.0.0.1:{port}/api")
+    assert "Traceback" not in proc.stderr
+
+
+def test_doctor_without_a_stack_or_an_api_says_what_to_start(tmp_path):
+    proc = doctor(tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "make up" in proc.stderr and "--api" in proc.stderr
