@@ -162,7 +162,7 @@ class Outcome:
 
 def run_validate(case: Case, workdir: Path, home: Path = ROOT) -> Outcome:
     """``hybridtrain validate`` in this process (the CLI's own entry point, its own error handling)."""
-    from hybridtrain.cli import main
+    from hybridtrain.cli.main import main
 
     path = workdir / f"{case.kind}.yaml"
     path.write_bytes(case.content)
