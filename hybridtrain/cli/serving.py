@@ -9,8 +9,8 @@
   there) and routes ``--share`` of its requests to it; the servers of TARGET judge it on live
   traffic and promote or roll it back by themselves.
 
-Release targets come from ``--spec`` (default ``jobs/churn.yaml`` is not assumed: give it) or,
-with ``--model``, from the target specs recorded on the champion version.
+Release targets come from ``--spec`` (the job spec's ``promotion.release_targets``) or, with
+only ``--model``, from the target specs recorded on the champion version.
 """
 
 from __future__ import annotations
