@@ -48,6 +48,7 @@ def serve_command(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: a free one).")] = 8080,
     poll: Annotated[float, typer.Option(help="Seconds between checks of the target's pointers.")] = 2.0,
+    threads: Annotated[int, typer.Option(help="torch threads for scoring.")] = 1,
     public_key: KeyOpt = None,
     home: HomeOpt = None,
 ) -> None:
@@ -73,7 +74,7 @@ def serve_command(
                           "free one)", style="red", highlight=False, markup=False)
         raise typer.Exit(2) from None
     print(f"serving {server.model} v{sv.version} from {target} at {server.url} (site {server.site})", flush=True)
-    run(server, sock)
+    run(server, sock, threads=threads)
 
 
 def canary_command(

@@ -409,10 +409,16 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run(server: ModelServer, sock: socket.socket) -> None:
-    """Serve HTTP on ``sock`` until interrupted (SIGINT/SIGTERM), then stop the watcher and remove the status."""
+def run(server: ModelServer, sock: socket.socket, threads: int = 1) -> None:
+    """Serve HTTP on ``sock`` until interrupted (SIGINT/SIGTERM), then stop the watcher and remove the status.
+
+    ``threads``: torch's intra-op threads. One is fastest for this network's requests (a 1,000-record
+    batch is ~0.4 ms of arithmetic); more only adds thread wake-ups to every request.
+    """
+    import torch
     import uvicorn
 
+    torch.set_num_threads(max(1, threads))
     host, port = sock.getsockname()[:2]
     server.url = server.url or f"http://{host}:{port}"
     server._publish_status()

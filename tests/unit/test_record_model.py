@@ -171,3 +171,14 @@ def test_edge_target_package_verifies_on_the_device_and_refuses_tampering(champi
     out = run_on_device(edge / "score.py", str(tmp_path / "records.json"), "--public-key", str(pem))
     assert out.returncode == 1 and out.stdout == ""
     assert "featurizer.json: content changed since signing" in out.stderr
+
+
+def test_small_request_path_featurizes_exactly_like_the_featurizer(champion):
+    scorer = champion.unwrap_python_model().scorer
+    records = churn_records(64, seed=9)
+    records.loc[3, "satisfaction_score"] = np.nan
+    records["region"] = records["region"].astype(object)
+    records.loc[5, "region"] = None  # a null category goes to the other bucket, as in training
+    for rows in (records.head(1), records.head(7), records):
+        np.testing.assert_array_equal(scorer.featurize(rows), scorer.featurizer.transform(rows))
+    assert scorer.featurize(records).shape == (64, scorer.featurizer.n_features)
