@@ -23,6 +23,7 @@ from rich.table import Table
 from hybridtrain.cli import governance as cli_governance
 from hybridtrain.cli import placement as cli_placement
 from hybridtrain.cli import service as cli_service
+from hybridtrain.cli import serving as cli_serving
 from hybridtrain.drill.runner import run_drill
 from hybridtrain.drill.scenarios import check_scenarios
 from hybridtrain.errors import HybridtrainError
@@ -303,6 +304,7 @@ def drill(
 cli_placement.register(app)
 cli_governance.register(app)
 cli_service.register(app)
+cli_serving.register(app)
 
 
 def main() -> None:

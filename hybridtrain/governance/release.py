@@ -5,9 +5,12 @@ in a spec's ``promotion.release_targets``) through ``TARGET_KINDS``:
 
 - ``directory`` (default) — an on-prem serving directory;
 - ``object_store`` — a site's store from the sites catalog (S3 or its local stand-in), through
-  the ``ObjectStore`` protocol, so it works with any implementation of it.
+  the ``ObjectStore`` protocol, so it works with any implementation of it;
+- ``edge`` — a small device's directory: only the edge export of each version (TorchScript
+  network, featurizer JSON, a standalone ``score.py``) with the bundle's manifest and signature
+  (``hybridtrain.governance.edge_package``).
 
-An edge site is just another target of either kind. Every target has the same layout::
+Every target has the same layout::
 
     versions/<model>/<version>/...     the bundle's files, exactly as signed
     released/<model>/<version>.json    marker: the version is complete (manifest SHA-256, key id, time)
@@ -335,6 +338,47 @@ class DirectoryTarget(_Target):
         return ModelBundle(dest)
 
 
+@TARGET_KINDS.register("edge")
+class EdgeTarget(DirectoryTarget):
+    """A small device's directory: per version only the edge export (``EdgePackage``), verified with the same key.
+
+    ``accept`` verifies the full bundle first (as every kind does); the package written is the
+    bundle's ``weights/artifacts/edge/`` files with its ``manifest.json`` and ``signature.json``,
+    re-verified as a package before it is renamed into place. A device runs
+    ``versions/<model>/<version>/weights/artifacts/edge/score.py`` with python and torch alone.
+    """
+
+    kind = "edge"
+
+    def _store_version(self, bundle: ModelBundle) -> None:
+        from hybridtrain.governance.edge_package import edge_files, verify_package
+
+        files = edge_files(bundle.manifest)
+        if not files:
+            raise ReleaseRefused(bundle.model, f"v{bundle.version} carries no edge export (weights/artifacts/edge/): "
+                                               f"it was registered before models had one; retrain to release it to "
+                                               f"edge target {self.name}")
+        final = self._version_dir(bundle.model, bundle.version)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists():
+            self._discard(final)
+        stage = Path(tempfile.mkdtemp(prefix=f".tmp-{bundle.version}-", dir=final.parent))
+        try:
+            for rel in [*files, "manifest.json", "signature.json"]:
+                dest = stage / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(bundle.root / rel, dest)
+            verify_package(stage, self.trusted_key)
+            os.rename(stage, final)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+
+    def fetch(self, model: str, version: str, dest: Path) -> ModelBundle:
+        raise ReleaseRefused(model, f"edge target {self.name} holds only the edge export of v{version}, not its "
+                                    "full bundle")
+
+
 @TARGET_KINDS.register("object_store")
 class ObjectStoreTarget(_Target):
     """A prefix in any ``ObjectStore`` (S3, a local directory standing in for one)."""
@@ -503,7 +547,7 @@ class Releaser:
         if self.archive is not None and self.archive.has(model, version):
             return self.archive.get(model, version, dest)
         for t in self.targets:
-            if version in t.versions(model):
+            if t.kind != "edge" and version in t.versions(model):  # an edge target keeps only the export
                 return t.fetch(model, version, dest)
         raise ReleaseRefused(model, f"no signed bundle of v{version} is left in the archive or on any target, so it "
                                     "cannot be re-released; rebuild it from the registry version")

@@ -300,7 +300,8 @@ class ReleaseTargetSpec(Strict):
     kind: str = Field(
         "directory",
         description="Target kind (hybridtrain.governance.release.TARGET_KINDS): directory (default; an on-prem serving "
-        "directory) or object_store (a site's store from the sites catalog: S3 or its local stand-in).",
+        "directory), object_store (a site's store from the sites catalog: S3 or its local stand-in) or edge (a small "
+        "device's directory: only the signed edge export).",
     )
     path: str | None = Field(
         None, description="directory: the serving directory; a relative path is relative to the workspace root."

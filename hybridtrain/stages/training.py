@@ -112,7 +112,10 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
             raise
         device = str(trainer.device)
     upload_started = time.perf_counter()
-    ref = registry.log_model(run_id, result.model, result.featurizer.to_dict(), result.featurizer.n_features)
+    from hybridtrain.training.record_model import feature_columns
+
+    ref = registry.log_model(run_id, result.model, result.featurizer.to_dict(), result.featurizer.n_features,
+                             columns=feature_columns(spec))
     transfers = []
     control = control_site(ws, sites)
     if control.name != site:

@@ -2,10 +2,11 @@
 
 One lifecycle execution is one MLflow run; each stage logs into it by run id (no hidden
 active-run state between stages). Datasets are logged as run inputs whose source is the DVC
-object of the exact version and whose digest is its DVC md5. Models are logged with the
-``pickle`` serialization format on purpose: ``pt2`` (MLflow's default) needs torch.export and
-a TensorSpec input example for every model, while our tabular MLP is a plain ``nn.Module``
-loaded back by our own code; the featurizer travels with it as an extra file. Promotion is an
+object of the exact version and whose digest is its DVC md5. Models are logged as
+``RecordModel`` pyfuncs (``hybridtrain.training.record_model``): featurizer and network together,
+a column-based signature, so ``mlflow.pyfunc.load_model(...).predict(records)`` and ``mlflow models
+serve`` score rows; ``load``/``load_uri`` give the network and featurizer back for evaluation
+(and still read versions logged with the older pytorch flavor). Promotion is an
 alias move (``champion``), the previous champion stays reachable as ``previous``.
 """
 
@@ -182,34 +183,23 @@ class Registry:
 
     # -- models ------------------------------------------------------------------------------
 
-    def log_model(self, run_id: str, model: Any, featurizer: dict[str, Any], n_features: int) -> ModelRef:
-        import mlflow  # lazy: heavy (mlflow)
-        import mlflow.pytorch  # lazy: heavy (mlflow)
-        import numpy as np  # lazy: heavy (numpy)
-        import torch  # lazy: heavy (torch)
-        from mlflow.models import infer_signature  # lazy: heavy (mlflow)
+    def log_model(self, run_id: str, model: Any, featurizer: dict[str, Any], n_features: int,
+                  columns: dict[str, str] | None = None) -> ModelRef:
+        """Log a model that takes records: a ``RecordModel`` pyfunc holding the featurizer and the network.
 
-        example = np.zeros((2, n_features), dtype=np.float32)
-        with torch.no_grad():
-            out = model(torch.from_numpy(example)).numpy()
-        signature = infer_signature(example, out)
-        with tempfile.TemporaryDirectory() as tmp:
-            fpath = Path(tmp) / FEATURIZER_FILE
-            fpath.write_text(json.dumps(featurizer, sort_keys=True))
-            with self._active(run_id), warnings.catch_warnings():
-                # We chose pickle on purpose (see the module docstring); MLflow warns about it on every call.
-                warnings.filterwarnings("ignore", message=".*Pickle or CloudPickle.*")
-                logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)
-                info = mlflow.pytorch.log_model(
-                    model,
-                    name="model",
-                    serialization_format="pickle",
-                    signature=signature,
-                    input_example=example,
-                    extra_files=[str(fpath)],
-                    # Explicit requirements: inference would import-scan the model in a subprocess.
-                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "hybridtrain"],
-                )
+        ``columns`` (feature column -> type, ``record_model.feature_columns(spec)``) makes the signature;
+        without it numeric columns are ``float`` and the others ``category``.
+        """
+        from hybridtrain.training.featurizer import Featurizer
+        from hybridtrain.training.record_model import log_record_model
+
+        feat = Featurizer.from_dict(featurizer)
+        if feat.n_features != n_features:
+            raise ValueError(f"the featurizer makes {feat.n_features} features, the network takes {n_features}")
+        if columns is None:
+            columns = {**{c.name: "float" for c in feat.numeric}, **{c.name: "category" for c in feat.categorical}}
+        with self._active(run_id):
+            info = log_record_model(model, feat, columns)
         return ModelRef(model_uri=info.model_uri, model_id=getattr(info, "model_id", None))
 
     def register(self, model_uri: str, name: str, run_id: str, tags: dict[str, Any]) -> VersionInfo:
@@ -286,8 +276,13 @@ class Registry:
 
         mlflow.set_tracking_uri(self.tracking_uri)
         mlflow.set_registry_uri(self.tracking_uri)
+        from hybridtrain.training.record_model import is_record_model, load_parts
+
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp))
+            if is_record_model(local):
+                return load_parts(local)
+            # Versions registered before models took records: the pytorch flavor plus an extra file.
             model = mlflow.pytorch.load_model(str(local), map_location="cpu")
             featurizer = json.loads((local / "extra_files" / FEATURIZER_FILE).read_text())
         model.eval()

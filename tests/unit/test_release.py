@@ -192,8 +192,8 @@ def test_targets_open_from_spec_entries_by_kind(tmp_path, bundles):
     assert (tmp_path / "serving" / "current" / f"{MODEL}.json").is_file()
     assert (tmp_path / ".hybridtrain" / "stores" / "cloud-eu" / "edge" / "releases" / "released" / MODEL
             / "1.json").is_file()
-    assert TARGET_KINDS.names == ["directory", "object_store"] and TARGET_KINDS.default == "directory"
-    with pytest.raises(SpecError, match="unknown release target kind 'ftp'; choose one of: directory \\(default\\), "
+    assert TARGET_KINDS.names == ["directory", "edge", "object_store"] and TARGET_KINDS.default == "directory"
+    with pytest.raises(SpecError, match="unknown release target kind 'ftp'; choose one of: directory \\(default\\), edge, "
                                         "object_store"):
         TARGET_KINDS.get("ftp")
 

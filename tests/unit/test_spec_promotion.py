@@ -69,7 +69,7 @@ def test_release_target_mistakes_are_each_reported():
     ]})
     assert found == {
         "promotion.release_targets[0].kind": "unknown release target kind 'ftp'; choose one of: directory (default), "
-                                             "object_store",
+                                             "edge, object_store",
         "promotion.release_targets[1].path": "a directory target needs path: the serving directory",
         "promotion.release_targets[2].site": "an object_store target needs site: the site whose store holds the "
                                              "releases",

@@ -1,0 +1,29 @@
+"""Serving flow: a long-running model server for one release target, run by a worker of the target's site's pool."""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+
+from hybridtrain.serving.server import bind, run
+from hybridtrain.serving.service import build_server
+from orchestration.context import run_workspace
+
+
+@flow(name="serve-model", log_prints=True)
+def serve_model(target: str, spec_path: str = "jobs/churn.yaml", host: str = "0.0.0.0", port: int = 8080,
+                poll_s: float = 2.0, workspace: str | None = None) -> str:
+    """Serve ``target``'s current version over HTTP until cancelled (the same server as ``hybridtrain serve``).
+
+    The deployment of this flow lives in the pool of the site that serves the target: directory
+    targets on-prem, object-store targets in their (cloud) site's pool. Cancelling the flow run
+    stops the server; the version it served is in the audit log and the target's serving status.
+    """
+    ws = run_workspace(workspace)
+    server = build_server(ws, target, spec_path=ws.root / spec_path, poll_s=poll_s)
+    sock = bind(host, port)
+    server.url = f"http://{host}:{sock.getsockname()[1]}"
+    sv = server.start()
+    get_run_logger().info("serving %s v%s from %s at %s (site %s)", server.model, sv.version, target, server.url,
+                          server.site)
+    run(server, sock)
+    return f"stopped serving {server.model} at {server.url}"

@@ -1,0 +1,171 @@
+"""Canary: a share of one target's traffic sent to a new version, judged against the current one on live requests.
+
+A canary is a pointer beside ``current`` on a release target (``canary/<model>.json``, one
+JSON object written atomically): the version (already accepted by the target, so its bundle
+verified there), the share of requests it gets, and the thresholds. A server of that target
+(``hybridtrain serve``) loads it beside the current version, routes ``share`` of the requests
+to it, and keeps a window of each version's outcomes (``LiveStats``). Once both have
+``min_requests`` the ``judge`` compares them:
+
+- error rate: the canary's may exceed the current's by at most ``max_error_rate_increase``;
+- latency: the canary's p99 may be at most ``max_p99_ratio`` times the current's (plus 5 ms,
+  so sub-millisecond noise cannot fail a canary);
+- score distribution: the two-sample Kolmogorov–Smirnov statistic of their scores at most
+  ``max_score_ks`` (a canary that suddenly scores everyone as churning is refused).
+
+All pass: **promote** — the target's ``current`` moves to the canary version, the pointer is
+removed. Any fails: **rollback** — the pointer is removed, ``current`` stays. Every step
+(start, promote, rollback) is an audit-log record. Example: v2 canary at 20 %, 200 requests
+each; v2's p99 3.1 ms vs 2.9 ms, no errors, KS 0.04 → promoted; the server swaps to v2.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from hybridtrain.errors import ReleaseRefused
+
+CANARY_KEY = "canary/{model}.json"
+LATENCY_SLACK_MS = 5.0
+
+
+class CanaryPlan(BaseModel):
+    """What a canary is and how it is judged (stored as the target's canary pointer)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(description="Registered model name.")
+    version: str = Field(description="The version on trial; the target must already hold it.")
+    share: float = Field(0.1, gt=0, lt=1, description="Share of requests routed to the canary.")
+    min_requests: int = Field(200, ge=10, description="Requests each version must have served before judging.")
+    max_error_rate_increase: float = Field(0.01, ge=0, le=1, description="Allowed rise in error rate.")
+    max_p99_ratio: float = Field(1.5, gt=0, description="Allowed canary p99 latency / current p99 latency.")
+    max_score_ks: float = Field(0.2, gt=0, le=1, description="Allowed KS statistic between the two score samples.")
+    started_at: str = Field(description="When the canary started (UTC).")
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def start(target: Any, audit: Any, *, model: str, version: str, actor: str, **limits: Any) -> CanaryPlan:
+    """Put ``version`` on trial at ``target`` (which must hold it, and not serve it already)."""
+    if version not in target.versions(model):
+        raise ReleaseRefused(model, f"target {target.name} does not hold v{version}; release (stage) it there first")
+    current = target.current(model)
+    if current is None:
+        raise ReleaseRefused(model, f"target {target.name} serves no version yet, so there is nothing to compare a "
+                                    "canary with; release it normally")
+    if current == version:
+        raise ReleaseRefused(model, f"target {target.name} already serves v{version}")
+    plan = CanaryPlan(model=model, version=version, started_at=_now(), **limits)
+    target.meta.put_bytes(CANARY_KEY.format(model=model), plan.model_dump_json().encode())
+    audit.append(actor=actor, action="canary", subject=f"model {model} v{version}",
+                 inputs={"target": target.name, "current": current, **plan.model_dump(exclude={"model", "version"})},
+                 outcome=f"started: {plan.share:.0%} of {target.name}'s requests go to v{version}, v{current} keeps the rest")
+    return plan
+
+
+def plan_of(target: Any, model: str) -> CanaryPlan | None:
+    """The target's canary pointer, or None."""
+    try:
+        return CanaryPlan.model_validate_json(target.meta.get_bytes(CANARY_KEY.format(model=model)))
+    except FileNotFoundError:
+        return None
+
+
+def clear(target: Any, model: str) -> None:
+    target.meta.delete(CANARY_KEY.format(model=model))
+
+
+@dataclass
+class LiveStats:
+    """A window of one version's recent outcomes: latency per request, errors, scores (thread-safe)."""
+
+    window: int = 5000
+    latencies_ms: deque[float] = field(default_factory=deque)
+    errors: deque[bool] = field(default_factory=deque)
+    scores: deque[float] = field(default_factory=deque)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, latency_ms: float, error: bool, scores: Any = ()) -> None:
+        with self.lock:
+            self.latencies_ms.append(latency_ms)
+            self.errors.append(error)
+            self.scores.extend(float(s) for s in scores)
+            for q in (self.latencies_ms, self.errors):
+                while len(q) > self.window:
+                    q.popleft()
+            while len(self.scores) > self.window:
+                self.scores.popleft()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            lat = np.array(self.latencies_ms, dtype=float)
+            return {"requests": len(self.errors),
+                    "error_rate": float(np.mean(self.errors)) if self.errors else 0.0,
+                    "p50_ms": float(np.percentile(lat, 50)) if lat.size else 0.0,
+                    "p99_ms": float(np.percentile(lat, 99)) if lat.size else 0.0,
+                    "scores": np.array(self.scores, dtype=float)}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: Literal["wait", "promote", "rollback"]
+    reasons: list[str]
+    evidence: dict[str, Any]
+
+
+def judge(plan: CanaryPlan, current: dict[str, Any], canary: dict[str, Any]) -> Verdict:
+    """Compare two ``LiveStats.snapshot()``s under ``plan``'s thresholds."""
+    from scipy.stats import ks_2samp
+
+    evidence = {
+        "current": {k: v for k, v in current.items() if k != "scores"},
+        "canary": {k: v for k, v in canary.items() if k != "scores"},
+    }
+    if min(current["requests"], canary["requests"]) < plan.min_requests:
+        return Verdict("wait", [f"{canary['requests']} canary and {current['requests']} current requests so far; "
+                                f"{plan.min_requests} each are needed"], evidence)
+    reasons, failed = [], False
+    rise = canary["error_rate"] - current["error_rate"]
+    ok = rise <= plan.max_error_rate_increase
+    failed |= not ok
+    reasons.append(f"error rate {canary['error_rate']:.3%} vs {current['error_rate']:.3%} "
+                   f"({'ok' if ok else 'too high'}, allowed +{plan.max_error_rate_increase:.1%})")
+    limit = current["p99_ms"] * plan.max_p99_ratio + LATENCY_SLACK_MS
+    ok = canary["p99_ms"] <= limit
+    failed |= not ok
+    reasons.append(f"p99 {canary['p99_ms']:.2f} ms vs {current['p99_ms']:.2f} ms ({'ok' if ok else 'too slow'}, "
+                   f"limit {limit:.2f} ms)")
+    if canary["scores"].size and current["scores"].size:
+        ks = float(ks_2samp(canary["scores"], current["scores"]).statistic)
+        evidence["score_ks"] = ks
+        evidence["score_mean"] = {"current": float(current["scores"].mean()), "canary": float(canary["scores"].mean())}
+        ok = ks <= plan.max_score_ks
+        failed |= not ok
+        reasons.append(f"score distribution KS {ks:.3f} ({'ok' if ok else 'shifted'}, limit {plan.max_score_ks})")
+    return Verdict("rollback" if failed else "promote", reasons, evidence)
+
+
+def conclude(target: Any, audit: Any, plan: CanaryPlan, verdict: Verdict, *, actor: str) -> None:
+    """Act on a promote/rollback verdict at ``target`` and audit it; a no-op if the pointer moved meanwhile."""
+    live = plan_of(target, plan.model)
+    if live is None or live.version != plan.version or live.started_at != plan.started_at:
+        return  # another server of this target concluded it first
+    previous = target.current(plan.model)
+    if verdict.decision == "promote":
+        target.set_current(plan.model, plan.version)
+    clear(target, plan.model)
+    outcome = (f"promoted: {target.name} serves v{plan.version} (was v{previous})" if verdict.decision == "promote"
+               else f"rolled back: {target.name} keeps v{previous}")
+    audit.append(actor=actor, action="canary", subject=f"model {plan.model} v{plan.version}",
+                 inputs={"target": target.name, "current_before": previous, "reasons": verdict.reasons,
+                         **verdict.evidence}, outcome=outcome)
