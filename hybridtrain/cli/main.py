@@ -440,9 +440,11 @@ def drill(
 
 from hybridtrain.cli import governance as cli_governance  # noqa: E402 - their commands join this app
 from hybridtrain.cli import placement as cli_placement  # noqa: E402
+from hybridtrain.cli import sweep as cli_sweep  # noqa: E402
 
 cli_placement.register(app)
 cli_governance.register(app)
+cli_sweep.register(app)
 
 
 def main() -> None:
