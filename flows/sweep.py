@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+from datetime import UTC, datetime
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -148,10 +149,12 @@ class TrialRunner:
         key = run_key(self.study, ticket.number)
         attempt_no = 0
         classes: dict[str, str] = {}
+        began: list[tuple[str, datetime, float]] = []  # (site, start, monotonic) of each attempt
 
         def attempt(site: str) -> TrialOutcome:
             nonlocal attempt_no
             attempt_no += 1
+            began.append((site, datetime.now(UTC), time.monotonic()))
             params = {"spec": self.job, "approved": self.data_at(site), "site": site, "parent_run_id": self.run_id,
                       "storage": self.storage, "study": self.study, "ticket": ticket, "attempt": attempt_no}
             return dispatch_trial(self.ws, params, site, self.mode, self.timeout_s, self.run_id)
@@ -189,13 +192,17 @@ class TrialRunner:
         except Exception as exc:  # noqa: BLE001 - a failed trial is recorded (row, study, log) and the sweep goes on
             log.warning("trial %d failed: %s", ticket.number, exc)
             attempts = self._attempts(supervisor.attempts)
+            if len(supervisor.attempts) < len(began):  # the last attempt ended in an error recovery does not retry
+                site, at, t0 = began[-1]
+                attempts.append(AttemptRecord(site=site, capacity_class=classes.get(site, first.capacity_class),
+                                              gpus=self.job.resources.gpus, seconds=time.monotonic() - t0,
+                                              outcome=AttemptOutcome.failed, started_at=at))
             last = supervisor.attempts[-1] if supervisor.attempts else None
             return TrialRow(trial=ticket.number, params=decoded, value=None, state="failed",
                             site=last.site if last else first.site,
                             capacity_class=last.capacity_class if last else first.capacity_class,
                             cost_usd=attempt_cost(self.sites, attempts, self.job.name),
-                            seconds=sum(a.seconds for a in supervisor.attempts), attempts=attempts,
-                            message=str(exc)[:500])
+                            seconds=sum(a.seconds for a in attempts), attempts=attempts, message=str(exc)[:500])
         attempts = self._attempts(supervisor.attempts)
         return TrialRow(trial=ticket.number, params=decoded, value=out.value, state=out.state, site=where.site,
                         capacity_class=where.capacity_class, cost_usd=attempt_cost(self.sites, attempts, self.job.name),

@@ -14,6 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import ValidationError
+
+from hybridtrain.errors import Problem, SpecError
 from hybridtrain.specs.job import JobSpec, ModelSpec
 from hybridtrain.specs.sweep import LAYER_RE, TUNABLE, Parameter
 
@@ -70,7 +73,13 @@ class SearchSpace:
                 data[name] = value
         if "hidden_layers" not in values:
             data["hidden_layers"] = layers
-        return ModelSpec.model_validate(data)
+        try:
+            return ModelSpec.model_validate(data)
+        except ValidationError as exc:
+            raise SpecError("trial values", [
+                Problem(f"model.{'.'.join(str(x) for x in e['loc'])}", f"{e['msg']} (the trial's values: {values}); "
+                        "values outside the sweep's ranges come from trials enqueued by hand")
+                for e in exc.errors()]) from None
 
 
 def trial_spec(spec: JobSpec, params: dict[str, Any]) -> JobSpec:

@@ -2,8 +2,8 @@
 
 One sweep of 4 trials, 2 at a time, with the trials' values enqueued in the study beforehand (as
 ``study.enqueue_trial`` lets a user seed a sweep), so each trial's fate is known: a good one
-completes, one with a learning rate so large the model diverges fails without stopping the
-sweep, one with a learning rate too small to learn in an epoch is pruned by the median pruner
+completes, one whose values the model refuses (a dropout of 1.5, enqueued by hand outside the
+sweep's range) fails without stopping the sweep, one with a learning rate too small to learn in an epoch is pruned by the median pruner
 after its first epoch, and a last good one completes. The best goes through the gates.
 """
 
@@ -21,14 +21,14 @@ SWEEP = {
     "n_trials": 4, "parallelism": 2, "study_name": "flow-sweep",
     "sampler": {"name": "random", "seed": 3},
     "pruner": {"name": "median", "warmup_epochs": 1, "startup_trials": 1},
-    "parameters": {"learning_rate": {"type": "float", "low": 1e-6, "high": 1e9, "log": True},
+    "parameters": {"learning_rate": {"type": "float", "low": 1e-6, "high": 0.1, "log": True},
                    "dropout": {"type": "float", "low": 0.0, "high": 0.5}},
 }
-# Trial 0 and 1 start together; 2 starts when 1 fails, after 0 completed... the pruned trial must start
-# once a trial has completed, so it is last and the second slot is held by a slow good trial meanwhile.
+# Trials 0 and 1 start together; 2 takes 1's slot when it fails; 3 starts when 0 or 2 has completed,
+# so the median pruner (after one finished trial) has an epoch-1 value to compare it with.
 ENQUEUED = [
     {"learning_rate": 0.01, "dropout": 0.1},       # 0: completes
-    {"learning_rate": 1e9, "dropout": 0.1},        # 1: diverges -> failed
+    {"learning_rate": 0.01, "dropout": 1.5},       # 1: the model refuses it -> failed
     {"learning_rate": 0.003, "dropout": 0.0},      # 2: completes
     {"learning_rate": 1e-6, "dropout": 0.4},       # 3: pruned after epoch 1
 ]
@@ -42,6 +42,7 @@ def root(prefect_server, pseudonym_key, tmp_path_factory):
 def test_sweep_runs_trials_as_subflows_prunes_survives_a_failure_and_promotes_the_best(root):
     import optuna
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     from flows.sweep import sweep
     from hybridtrain.specs.sweep import SweepSpec
@@ -63,7 +64,9 @@ def test_sweep_runs_trials_as_subflows_prunes_survives_a_failure_and_promotes_th
     pruned = next(r for r in summary.trials if r.trial == 3)
     assert pruned.epochs == 1  # stopped at once, not after its 3 epochs
     assert summary.best_trial in (0, 2) and summary.best_value > 0.6
-    assert summary.trial_epochs == 3 + 3 + 1 + next(r.epochs for r in summary.trials if r.trial == 1)
+    failed = next(r for r in summary.trials if r.trial == 1)
+    assert "model.dropout" in failed.message and failed.epochs == 0
+    assert summary.trial_epochs == 3 + 3 + 1
     # The study in the workspace's SQLite file says the same.
     stored = optuna.load_study(study_name="flow-sweep", storage=url)
     assert sorted(t.state.name for t in stored.trials) == ["COMPLETE", "COMPLETE", "FAIL", "PRUNED"]
@@ -80,8 +83,9 @@ def test_sweep_runs_trials_as_subflows_prunes_survives_a_failure_and_promotes_th
         parents = {client.read_task_run(r.parent_task_run_id).flow_run_id for r in trials}
         assert parents == {parent.id}
         assert sorted(r.state.type.value for r in trials) == ["COMPLETED", "COMPLETED", "COMPLETED", "FAILED"]
-        table = client.read_latest_artifacts()
-        rows = next(a for a in table if a.key == "sweep-sweep").data
+        table = client.read_latest_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["sweep-churn"])))
+        assert len(table) == 1 and table[0].flow_run_id == parent.id
+        rows = table[0].data
     rows = json.loads(rows) if isinstance(rows, str) else rows
     assert [r["state"] for r in rows] == ["complete", "failed", "complete", "pruned"]
     assert {"trial", "params", "metric", "state", "site", "capacity class", "cost (USD)"} <= set(rows[0])
