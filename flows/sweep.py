@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from datetime import UTC, datetime
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from datetime import UTC, datetime
 from typing import Any
 
 from prefect import flow, get_run_logger, runtime
@@ -34,7 +34,7 @@ from flows.training import AttemptEnd
 from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import Problem, SpecError, StageFailed
-from hybridtrain.governance.ledger import AttemptOutcome, AttemptRecord
+from hybridtrain.governance.ledger import RUN_RECORD_ARTIFACT, RUN_RECORD_TAG, AttemptOutcome, AttemptRecord
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.sweeps.plan import trial_placement_spec
 from hybridtrain.sweeps.results import SweepResults, TrialRow, attempt_cost
@@ -298,6 +298,11 @@ def sweep(
         plots = publish_plots(ws, run_id, url, study_name, sw)
         best = results.best()
         summary_fields: dict[str, Any] = {"promoted": None, "model_version": None, "gates": {}, "reasons": []}
+        if best is None or not promote_best:
+            # No version will carry the trials' cost: the sweep's run records it, as an unversioned ledger line.
+            record = results.run_record(job.registry.model_name, run_id, job.name)
+            registry.log_text(run_id, record.model_dump_json(indent=2), RUN_RECORD_ARTIFACT)
+            registry.set_tags(run_id, {RUN_RECORD_TAG: job.registry.model_name})
         if best is None:
             summary_fields["reasons"] = ["no trial completed: nothing to evaluate or promote"]
             registry.end_run(run_id, "FAILED")

@@ -13,10 +13,10 @@ from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.specs.sweep import SweepSpec
+from hybridtrain.sweeps import trial as sweep_trial
 from hybridtrain.sweeps.results import write_plots
 from hybridtrain.sweeps.study import SweepStudy, TrialTicket, open_for_trial
 from hybridtrain.sweeps.trial import TrialOutcome
-from hybridtrain.sweeps import trial as sweep_trial
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.training.preemption import PreemptionNotice
 from hybridtrain.workspace import Workspace

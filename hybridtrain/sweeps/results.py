@@ -102,6 +102,13 @@ class SweepResults(BaseModel):
             out += attempts
         return out
 
+    def run_record(self, model: str, run_id: str, job: str) -> RunRecord:
+        """The sweep's ledger record when no version was registered: every trial's attempts, ``unversioned``."""
+        from datetime import UTC, datetime
+
+        return RunRecord(model=model, version=None, run_id=run_id, job=job, finished_at=datetime.now(UTC),
+                         attempts=self.ledger_attempts(None))
+
     def to_markdown(self, links: dict[str, str] | None = None) -> str:
         best = self.best()
         counts = ", ".join(f"{n} {s}" for s, n in sorted(self.counts().items()))

@@ -86,6 +86,9 @@ def test_sweep_runs_trials_as_subflows_prunes_survives_a_failure_and_promotes_th
         table = client.read_latest_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["sweep-churn"])))
         assert len(table) == 1 and table[0].flow_run_id == parent.id
         rows = table[0].data
+        note = client.read_latest_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["sweep-churn-summary"])))[0].data
+    assert "sweep/optimization_history.png" in note and "sweep/param_importances.png" in note  # links to MLflow
     rows = json.loads(rows) if isinstance(rows, str) else rows
     assert [r["state"] for r in rows] == ["complete", "failed", "complete", "pruned"]
     assert {"trial", "params", "metric", "state", "site", "capacity class", "cost (USD)"} <= set(rows[0])

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-from pathlib import Path
 
 import pytest
-import yaml
 
 from hybridtrain.drill.drill import stop_with_children
 from hybridtrain.workspace import Workspace
@@ -25,6 +22,7 @@ from tests.integration.test_pools import start_worker, wait_for_workers
 from tests.integration.test_recovery import checkpoint_steps, wait_until
 
 pytestmark = pytest.mark.slow
+WAIT_S = 600.0  # the sweep's data preparation and each cold flow-run process come first; slow on a loaded VM
 
 SWEEP = {
     "n_trials": 3, "parallelism": 2, "study_name": "pool-sweep", "sampler": {"name": "random", "seed": 5},
@@ -86,11 +84,13 @@ def test_trials_run_in_their_pools_and_a_preempted_trial_resumes(pools):
         spec_path=str(spec), workspace=str(root), dispatch="pools", promote_best=False)), daemon=True)
     runner.start()
     key = "pool-sweep-t0"
-    wait_until(lambda: checkpoint_steps(root, "*", "churn", key) or not runner.is_alive(), "trial 0's first checkpoint")
-    pid = wait_until(lambda: running_trial_pid(0) or (not runner.is_alive() and -1), "trial 0's process")
+    wait_until(lambda: checkpoint_steps(root, "*", "churn", key) or not runner.is_alive(), "trial 0's first checkpoint",
+               timeout=WAIT_S)
+    pid = wait_until(lambda: running_trial_pid(0) or (not runner.is_alive() and -1), "trial 0's process",
+                     timeout=WAIT_S)
     assert runner.is_alive() and pid > 0, "the sweep ended before trial 0 could be preempted"
     os.kill(pid, signal.SIGTERM)
-    runner.join(timeout=300)
+    runner.join(timeout=WAIT_S)
     assert not runner.is_alive(), "the sweep did not finish: " + " | ".join(p.read_text()[-2000:] for p in logs)
     summary = out["summary"]
 

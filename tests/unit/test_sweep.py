@@ -154,12 +154,12 @@ def test_cli_plan_and_a_spec_without_a_sweep(tmp_path):
 
     ws = make_workspace(tmp_path / "ws")
     exe = [sys.executable, "-m", "hybridtrain.cli.main"]
-    ok = subprocess.run([*exe, "sweep", "jobs/churn-sweep.yaml", "--plan", "--home", str(ws)], capture_output=True,
-                        text=True, timeout=120)
+    ok = subprocess.run([*exe, "sweep", "jobs/churn-sweep.yaml", "--plan", "--home", str(ws)], check=False,
+                        capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert "Sweep plan: churn-sweep — 16 trials, 4 at a time" in ok.stdout and "Estimated cost at most $" in ok.stdout
     assert not (ws / ".hybridtrain" / "sweeps").exists()  # a plan writes nothing
-    bad = subprocess.run([*exe, "sweep", "jobs/churn.yaml", "--plan", "--home", str(ws)], capture_output=True,
-                         text=True, timeout=120)
+    bad = subprocess.run([*exe, "sweep", "jobs/churn.yaml", "--plan", "--home", str(ws)], check=False,
+                         capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "sweep: this job spec has no sweep section" in bad.stderr
     assert "Traceback" not in bad.stderr
