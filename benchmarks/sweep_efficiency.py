@@ -122,6 +122,10 @@ def main() -> None:
         os.environ["PREFECT_HOME"] = str(Path(tmp) / "prefect")
         os.environ.pop("PREFECT_API_URL", None)
         root = make_workspace(Path(tmp), args.rows)
+        from blocks.register import ensure_pseudonym_key
+        from hybridtrain.workspace import Workspace
+
+        ensure_pseudonym_key(Workspace.resolve(root).pseudonym_key_block)  # the anonymize stage reads it
         t0 = time.perf_counter()
         full = run_sweep(root, write_spec(root, "bench-full", args.trials, args.parallelism, "none"))
         pruned = run_sweep(root, write_spec(root, "bench-pruned", args.trials, args.parallelism, "median"))
