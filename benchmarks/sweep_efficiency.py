@@ -67,6 +67,10 @@ def write_spec(root: Path, name: str, trials: int, parallelism: int, pruner: str
     data = yaml.safe_load((root / "jobs" / "churn-sweep.yaml").read_text())
     data["model"].update({"epochs": 6, "threads": 1})
     data["checkpoint"] = {"interval_steps": 1000, "keep_last": 1}
+    data["sync"] = {"sample_fraction": 1.0}
+    # Coarser quasi-identifiers than the demo's (as the tests use), so k-anonymity keeps most of a small sample.
+    data["sensitive"]["columns"]["date_of_birth"]["level"] = "decade"
+    data["sensitive"]["columns"]["postcode"]["level"] = "area"
     data["sweep"].update({
         "n_trials": trials, "parallelism": parallelism, "study_name": name,
         "sampler": {"name": "random", "seed": 11},
