@@ -34,8 +34,11 @@ from hybridtrain.errors import HybridtrainError, Problem, SpecError
 from hybridtrain.placement.policy import Policy
 from hybridtrain.validation import load_job
 from hybridtrain.workspace import Workspace
+from orchestration import sweep_cli
 
 __all__ = ["app", "main"]
+
+sweep_cli.register(app)
 
 
 def _init_prefect(ws: Workspace) -> bool:

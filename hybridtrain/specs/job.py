@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from hybridtrain.errors import Problem
 from hybridtrain.specs.config_file import load_model, validate_data
 from hybridtrain.specs.sites import NAME_RE, SitesCatalog
+from hybridtrain.specs.sweep import SweepSpec, sweep_problems
 
 API_VERSION = "hybridtrain/v1"
 MD5_RE = r"^[0-9a-f]{32}(\.dir)?$"
@@ -387,6 +388,8 @@ class JobSpec(Strict):
     registry: RegistrySpec
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
     promotion: PromotionSpec = Field(default_factory=PromotionSpec)
+    sweep: SweepSpec | None = Field(
+        None, description="Hyperparameter sweep over model (run with `hybridtrain sweep`); ignored by `hybridtrain run`.")
 
     @field_validator("deadline", mode="before")
     @classmethod
@@ -426,8 +429,12 @@ class JobSpec(Strict):
         return self.deadline
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-compatible form with the YAML field names (round-trips through ``parse_spec``)."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=False)
+        """JSON-compatible form with the YAML field names (round-trips through ``parse_spec``). A spec without
+        a sweep leaves the key out, so its hash is what it was before sweeps existed."""
+        data = self.model_dump(mode="json", by_alias=True, exclude_none=False)
+        if data.get("sweep") is None:
+            data.pop("sweep", None)
+        return data
 
     def spec_hash(self) -> str:
         """SHA-256 of the canonical JSON form: the identity of *what* was asked for."""
@@ -546,6 +553,9 @@ def check_semantics(spec: JobSpec, sites: SitesCatalog | None = None) -> list[Pr
 
     if spec.resources.gpu_type is not None and spec.resources.gpus == 0:
         p.append(Problem("resources.gpu_type", "set resources.gpus >= 1 when asking for a GPU type"))
+
+    if spec.sweep is not None:
+        p += sweep_problems(spec.sweep, spec.model)
 
     if sites is not None:
         if spec.dataset.site not in sites.names:

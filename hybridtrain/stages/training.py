@@ -25,7 +25,8 @@ from hybridtrain.stages.site_access import audit, checkpoint_store, control_site
 def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run_id: str, run_key: str,
           *, ssh: SshCredentials | None = None, on_line: Callable[[str], None] | None = None,
           should_stop: Callable[[], bool] | None = None,
-          preemptions_per_hour: float | None = None) -> TrainOutput:
+          preemptions_per_hour: float | None = None,
+          on_epoch_end: Callable[[int, dict[str, float]], None] | None = None) -> TrainOutput:
     """Train at ``site`` on its copy of the approved data; checkpoints go to that site's store.
 
     ``run_key`` names the checkpoint series: a retry or a resubmission of the same run resumes
@@ -42,7 +43,8 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     ``should_stop()`` (e.g. a ``PreemptionNotice`` entered by the main thread) said so after a
     step. Resume by calling ``train`` again with the same ``run_key`` — here, or at another site
     after ``move_checkpoint``. ``preemptions_per_hour`` (the site's observed rate) sets the
-    interval of ``checkpoint.auto_interval``.
+    interval of ``checkpoint.auto_interval``. ``on_epoch_end(epoch, metrics)`` hears each epoch after
+    it is logged (a sweep's pruner; an exception it raises ends training there, without a model).
     """
     from hybridtrain.training.checkpoint import CheckpointStore  # lazy: heavy (torch)
     from hybridtrain.training.trainer import Trainer  # lazy: heavy (torch, scipy)
@@ -54,6 +56,8 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
 
     def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
         registry.log_metrics(run_id, {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=epoch)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, metrics)
 
     if ssh is None and s.hosts and ws.secrets is not None:
         secret = ws.secrets.get(site)

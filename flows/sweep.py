@@ -1,0 +1,343 @@
+"""Sweep flow: a hyperparameter sweep of one job — one parent flow run, a subflow run per trial attempt, placed by the policy.
+
+The parent prepares the data once (as the lifecycle does), opens the Optuna study
+(``hybridtrain.sweeps``), and keeps ``sweep.parallelism`` trials running: each trial is placed
+by the engine with the sweep's job class (opportunistic: spot allowed) and trained by a
+``sweep-trial`` subflow run in the pool of its site (or in this process on the embedded
+default), under the same recovery rules as any training: a preempted trial resumes from its
+checkpoint (here or re-placed), a real failure is retried, and a trial that fails for good is
+recorded as failed while the others go on. A pruned trial ends after the epoch the pruner named
+and its slot takes the next trial at once. As trials end, the ``sweep-<job>`` table artifact is
+updated; at the end the best trial goes through evaluation and the promotion gates, with every
+trial's attempts in the promoted version's ledger line, and Optuna's plots go to MLflow.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from datetime import UTC, datetime
+from typing import Any
+
+from prefect import flow, get_run_logger, runtime
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from pydantic import BaseModel
+
+from flows.data import Prepared, prepare_data, sync_data
+from flows.lifecycle import QUEUE_ALLOWANCE_S, validate_spec
+from flows.supervise import as_exception
+from flows.training import AttemptEnd
+from hybridtrain import stages
+from hybridtrain.datasets.dvc_repo import DatasetVersion
+from hybridtrain.errors import Problem, SpecError, StageFailed
+from hybridtrain.governance.ledger import RUN_RECORD_ARTIFACT, RUN_RECORD_TAG, AttemptOutcome, AttemptRecord
+from hybridtrain.specs.job import JobSpec
+from hybridtrain.sweeps.plan import trial_placement_spec
+from hybridtrain.sweeps.results import SweepResults, TrialRow, attempt_cost
+from hybridtrain.sweeps.space import SearchSpace
+from hybridtrain.sweeps.study import TrialTicket, storage_url
+from hybridtrain.sweeps.trial import TrialOutcome
+from hybridtrain.tracking.model_registry import Registry
+from hybridtrain.training.recovery import Attempt, Outcome, Placed, Supervisor
+from hybridtrain.workspace import Workspace
+from orchestration.context import run_workspace
+from orchestration.dispatch import Mode, deployment_name, has_deployment, run_stage, workers_online
+from tasks.health import check_sites
+from tasks.placement import place
+from tasks.sweep import evaluate_best, open_study, publish_plots, train_trial
+from tasks.tracking import close_run, open_run, promote, record_data
+from tasks.training import move_checkpoint
+
+
+class SweepSummary(BaseModel):
+    """What a sweep did: its trials, the best one, and what happened to it at the gates."""
+
+    job: str
+    study: str
+    storage: str
+    mlflow_run_id: str
+    trials: list[TrialRow]
+    best_trial: int | None
+    best_value: float | None
+    best_params: dict[str, Any] | None
+    cost_usd: float
+    trial_epochs: int
+    promoted: bool | None
+    model_version: str | None
+    gates: dict[str, str]
+    reasons: list[str]
+    plots: list[str]
+    seconds: float
+    trials_seconds: float = 0.0  # from the first trial's start to the last one's end
+
+
+def _trial_result_name(number: int, attempt: int) -> str:
+    return f"sweep-trial-{number}-attempt-{attempt}"
+
+
+@flow(name="sweep-trial", flow_run_name="trial-{ticket.number}-attempt-{attempt}-at-{site}", log_prints=True)
+def sweep_trial(spec: JobSpec, approved: DatasetVersion, site: str, parent_run_id: str, storage: str, study: str,
+                ticket: TrialTicket, attempt: int = 1, workspace: str | None = None) -> TrialOutcome:
+    """One attempt of one trial at ``site``: train with the trial's values, reporting each epoch to the study."""
+    ws = run_workspace(workspace)
+    try:
+        out = train_trial(ws, spec, approved, site, parent_run_id, storage, study, ticket)
+    except Exception as exc:
+        stages.save_result(ws, parent_run_id, f"{_trial_result_name(ticket.number, attempt)}-end",
+                           AttemptEnd.of(exc, site))
+        raise
+    stages.save_result(ws, parent_run_id, _trial_result_name(ticket.number, attempt), out)
+    return out
+
+
+def dispatch_trial(ws: Workspace, params: dict[str, Any], site: str, mode: Mode, timeout_s: float,
+                   parent_run_id: str) -> TrialOutcome:
+    """Run one attempt as a subflow run: in the site's pool (its deployment), or in this process."""
+    from prefect.deployments import run_deployment
+
+    pool = ws.load_sites().get(site).work_pool
+    name = deployment_name(sweep_trial, pool)
+    inline = mode == "inline" or (mode == "auto" and not has_deployment(name))
+    if inline:
+        return sweep_trial(**params, workspace=str(ws.root))
+    ticket: TrialTicket = params["ticket"]
+    payload = {k: v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v
+               for k, v in params.items()}
+    if not workers_online(pool):
+        get_run_logger().warning("no worker of pool %r is online; trial %d waits for one", pool, ticket.number)
+    run = run_deployment(name, parameters=payload, timeout=timeout_s, poll_interval=1.0,
+                         idempotency_key=f"{parent_run_id}:trial-{ticket.number}:{params['attempt']}")
+    state = run.state
+    result = _trial_result_name(ticket.number, params["attempt"])
+    if state is None or not state.is_final():
+        raise StageFailed(sweep_trial.name, site, str(run.id), state.name if state else "unknown",
+                          f"no worker of pool {pool!r} finished it within {timeout_s:.0f} s")
+    if not state.is_completed():
+        failed = StageFailed(sweep_trial.name, site, str(run.id), state.name, state.message or "")
+        raise as_exception(stages.find_result(ws, parent_run_id, f"{result}-end", AttemptEnd), failed, ticket.number)
+    return stages.load_result(ws, parent_run_id, result, TrialOutcome)
+
+
+class TrialRunner:
+    """Runs trials of one sweep to their end, each under the recovery rules; thread-safe (one call per trial)."""
+
+    def __init__(self, ws: Workspace, job: JobSpec, approved: DatasetVersion, datasets: dict[str, DatasetVersion],
+                 run_id: str, storage: str, study: str, mode: Mode, timeout_s: float):
+        self.ws, self.job, self.approved, self.datasets = ws, job, approved, datasets
+        self.run_id, self.storage, self.study, self.mode, self.timeout_s = run_id, storage, study, mode, timeout_s
+        self.placement_spec = trial_placement_spec(job)
+        self.sites = ws.load_sites()
+        self.lock = threading.Lock()
+
+    def data_at(self, site: str) -> DatasetVersion:
+        with self.lock:  # one sync per site, however many trials go there
+            if site not in self.datasets:
+                synced = run_stage(sync_data, stages.SyncResult, site=self.job.dataset.site,
+                                   params={"approved": self.approved, "destination": site, "run_id": self.run_id,
+                                           "spec": self.job},
+                                   ws=self.ws, run_id=self.run_id, mode=self.mode, timeout_s=self.timeout_s,
+                                   attempt=len(self.datasets) + 1)
+                self.datasets[site] = synced.dataset
+            return self.datasets[site]
+
+    def run(self, ticket: TrialTicket) -> TrialRow:
+        log = get_run_logger()
+        from hybridtrain.sweeps.trial import run_key
+
+        key = run_key(self.study, ticket.number)
+        attempt_no = 0
+        classes: dict[str, str] = {}
+        began: list[tuple[str, datetime, float]] = []  # (site, start, monotonic) of each attempt
+
+        def attempt(site: str) -> TrialOutcome:
+            nonlocal attempt_no
+            attempt_no += 1
+            began.append((site, datetime.now(UTC), time.monotonic()))
+            params = {"spec": self.job, "approved": self.data_at(site), "site": site, "parent_run_id": self.run_id,
+                      "storage": self.storage, "study": self.study, "ticket": ticket, "attempt": attempt_no}
+            return dispatch_trial(self.ws, params, site, self.mode, self.timeout_s, self.run_id)
+
+        def replace(exclude: dict[str, str]) -> Placed:
+            outcome = place(self.ws, self.placement_spec, self.approved.size, self.run_id, unavailable=exclude)
+            classes[outcome.site] = outcome.capacity_class
+            return Placed(outcome.site, outcome.capacity_class, "; ".join(outcome.reasons))
+
+        def move(source: str, destination: str) -> None:
+            self.data_at(destination)
+            record = move_checkpoint(self.ws, self.job, key, source, destination)
+            if record is not None:
+                log.info("trial %d: checkpoint moved %s -> %s (%d bytes)", ticket.number, source, destination,
+                         record.bytes)
+
+        def on_attempt(a: Attempt) -> None:
+            if a.outcome is not Outcome.succeeded:
+                log.warning("trial %d attempt %d at %s ended %s after %.1f s: %s", ticket.number, a.number, a.site,
+                            a.outcome.value, a.seconds, a.detail)
+            stages.audit(self.ws).append(
+                actor=self.ws.actor, action="training_attempt", subject=f"job {self.job.name} trial {ticket.number}",
+                inputs={"mlflow_run_id": self.run_id, "run_key": key, "attempt": a.number, "site": a.site,
+                        "step": a.step, "seconds": round(a.seconds, 3)},
+                outcome=a.outcome.value + (f": {a.detail[:200]}" if a.detail else ""))
+
+        supervisor = Supervisor(job=f"{self.job.name}-trial-{ticket.number}", policy=self.job.recovery,
+                                attempt=attempt, place=replace,
+                                health=lambda: check_sites(self.ws, with_workers=self.mode != "inline"),
+                                move=move, on_attempt=on_attempt, on_wait=log.warning)
+        first = replace({})
+        decoded = SearchSpace(self.job.sweep.parameters).decode(ticket.params)
+        try:
+            out, where = supervisor.run(first)
+        except Exception as exc:  # noqa: BLE001 - a failed trial is recorded (row, study, log) and the sweep goes on
+            log.warning("trial %d failed: %s", ticket.number, exc)
+            attempts = self._attempts(supervisor.attempts)
+            if len(supervisor.attempts) < len(began):  # the last attempt ended in an error recovery does not retry
+                site, at, t0 = began[-1]
+                attempts.append(AttemptRecord(site=site, capacity_class=classes.get(site, first.capacity_class),
+                                              gpus=self.job.resources.gpus, seconds=time.monotonic() - t0,
+                                              outcome=AttemptOutcome.failed, started_at=at))
+            last = supervisor.attempts[-1] if supervisor.attempts else None
+            return TrialRow(trial=ticket.number, params=decoded, value=None, state="failed",
+                            site=last.site if last else first.site,
+                            capacity_class=last.capacity_class if last else first.capacity_class,
+                            cost_usd=attempt_cost(self.sites, attempts, self.job.name),
+                            seconds=sum(a.seconds for a in attempts), attempts=attempts, message=str(exc)[:500])
+        attempts = self._attempts(supervisor.attempts)
+        return TrialRow(trial=ticket.number, params=decoded, value=out.value, state=out.state, site=where.site,
+                        capacity_class=where.capacity_class, cost_usd=attempt_cost(self.sites, attempts, self.job.name),
+                        epochs=out.epochs, seconds=sum(a.seconds for a in supervisor.attempts),
+                        train_seconds=out.seconds, attempts=attempts, message=out.message)
+
+    def _attempts(self, attempts: list[Attempt]) -> list[AttemptRecord]:
+        outcome = {Outcome.succeeded: AttemptOutcome.succeeded, Outcome.preempted: AttemptOutcome.preempted}
+        return [AttemptRecord(site=a.site, capacity_class=a.capacity_class, gpus=self.job.resources.gpus,
+                              seconds=a.seconds, outcome=outcome.get(a.outcome, AttemptOutcome.failed),
+                              started_at=a.started_at) for a in attempts]
+
+
+@flow(name="hyperparameter-sweep", log_prints=True)
+def sweep(
+    spec_path: str = "jobs/churn-sweep.yaml",
+    spec: JobSpec | None = None,
+    workspace: str | None = None,
+    storage: str | None = None,
+    dispatch: Mode = "auto",
+    promote_best: bool = True,
+) -> SweepSummary:
+    """Run the hyperparameter sweep of one job spec (its ``sweep:`` section).
+
+    spec_path: job spec file with a sweep section, relative to the workspace (ignored when ``spec`` is given).
+    spec: the job spec itself (typed form in the Prefect UI).
+    workspace: workspace root; default HYBRIDTRAIN_HOME or the worker's working directory.
+    storage: Optuna storage URL; default HYBRIDTRAIN_SWEEP_STORAGE, else SQLite under .hybridtrain/sweeps/.
+    dispatch: auto (trial deployments when they exist), inline (all in this process) or pools.
+    promote_best: send the best trial through evaluation and the promotion gates.
+    """
+    started = time.perf_counter()
+    log = get_run_logger()
+    ws = run_workspace(workspace)
+    job = validate_spec(ws, spec_path, spec)
+    if job.sweep is None:
+        raise SpecError(spec_path, [Problem("sweep", "this job spec has no sweep section: add one (see README, "
+                                                     "'Hyperparameter sweeps'), or run it with `hybridtrain run`")])
+    sw = job.sweep
+    study_name = sw.study_name or f"{job.name}-sweep"
+    url = storage_url(ws, storage)
+    flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
+    run_id = open_run(ws, job, flow_run_id)
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    registry.set_tags(run_id, {"hybridtrain.sweep": study_name, "mlflow.runName": f"{job.name}-sweep"})
+    limit_s = job.resources.max_hours * 3600 + QUEUE_ALLOWANCE_S
+    try:
+        prepared = run_stage(prepare_data, Prepared, site=job.dataset.site, params={"spec": job, "run_id": run_id},
+                             ws=ws, run_id=run_id, mode=dispatch, timeout_s=limit_s)
+        prep, anon = prepared.prep, prepared.anon
+        data_site = job.dataset.site
+        datasets = {data_site: anon.approved}
+        study = open_study(url, study_name, sw)
+        results = SweepResults(study=study_name, metric=sw.objective.metric, direction=sw.objective.resolved_direction)
+        runner = TrialRunner(ws, job, anon.approved, datasets, run_id, url, study_name, dispatch, limit_s)
+        done_before = sum(n for s, n in study.counts().items() if s in ("complete", "pruned", "fail"))
+        remaining = max(0, sw.n_trials - done_before)
+        log.info("sweep %s: %d trials to run (%d ended before), %d at a time, storage %s", study_name, remaining,
+                 done_before, sw.parallelism, url.split("@")[-1])
+        failed = 0
+        trials_started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=sw.parallelism, thread_name_prefix="trial") as pool:
+            running: dict[Future, TrialTicket] = {}
+            asked = 0
+
+            def submit() -> None:
+                nonlocal asked
+                ticket = study.ask()
+                asked += 1
+                ctx = contextvars.copy_context()  # the trial's subflow runs under this flow run
+                running[pool.submit(ctx.run, runner.run, ticket)] = ticket
+
+            while asked < min(sw.parallelism, remaining):
+                submit()
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    ticket = running.pop(fut)
+                    row = fut.result()
+                    study.tell(ticket, row.state, row.value)
+                    results.add(row)
+                    failed += row.state == "failed"
+                    log.info("trial %d %s: %s=%s at %s (%s), $%.4f", row.trial, row.state, sw.objective.metric,
+                             "-" if row.value is None else f"{row.value:.4f}", row.site, row.capacity_class,
+                             row.cost_usd)
+                    create_table_artifact(results.table(), key=f"sweep-{job.name}",
+                                          description=f"Sweep {study_name}: every trial that ended so far")
+                    stop = sw.max_failed_trials is not None and failed > sw.max_failed_trials
+                    if asked < remaining and not stop:
+                        submit()
+        trials_seconds = time.perf_counter() - trials_started
+        registry.log_dict(run_id, [r.model_dump(mode="json") for r in results.rows], "sweep/trials.json")
+        plots = publish_plots(ws, run_id, url, study_name, sw)
+        best = results.best()
+        summary_fields: dict[str, Any] = {"promoted": None, "model_version": None, "gates": {}, "reasons": []}
+        if best is None or not promote_best:
+            # No version will carry the trials' cost: the sweep's run records it, as an unversioned ledger line.
+            record = results.run_record(job.registry.model_name, run_id, job.name)
+            registry.log_text(run_id, record.model_dump_json(indent=2), RUN_RECORD_ARTIFACT)
+            registry.set_tags(run_id, {RUN_RECORD_TAG: job.registry.model_name})
+        if best is None:
+            summary_fields["reasons"] = ["no trial completed: nothing to evaluate or promote"]
+            registry.end_run(run_id, "FAILED")
+        else:
+            registry.set_tags(run_id, {"hybridtrain.sweep.best_trial": best.trial,
+                                       "hybridtrain.sweep.best_value": f"{best.value:.6f}"})
+            registry.log_params(run_id, {f"sweep.best.{k}": v for k, v in best.params.items()})
+            winner = stages.load_result(ws, run_id, _trial_result_name(best.trial, len(best.attempts)), TrialOutcome)
+            trained = winner.trained.model_copy(update={"attempts": results.ledger_attempts(best.trial)})
+            best_spec = job.model_copy(update={"model": SearchSpace(sw.parameters).apply(job.model, best.params), "sweep": None})
+            if promote_best:
+                approved = runner.data_at(best.site)
+                evaluated = evaluate_best(ws, best_spec, approved, best.site, trained.model_uri)
+                synced = stages.SyncResult(dataset=approved, transfer=None, site=best.site, seconds=0.0)
+                record_data(ws, job, run_id, prep, anon, synced)
+                lineage = stages.build_lineage(ws, best_spec, prep, anon, synced, best.site, started, flow_run_id)
+                actor = f"prefect flow run {flow_run_id}" if flow_run_id else "hybridtrain"
+                promoted = promote(ws, best_spec, run_id, trained, best.capacity_class, lineage, evaluated,
+                                   list(trained.transfers), actor, None)
+                close_run(ws, run_id, lineage, evaluated, promoted, list(trained.transfers))
+                summary_fields = {"promoted": promoted.promoted, "model_version": promoted.version,
+                                  "gates": promoted.gates, "reasons": promoted.reasons}
+            else:
+                registry.end_run(run_id, "FINISHED")
+    except BaseException:
+        registry.end_run(run_id, "FAILED")
+        raise
+    links = {f"MLflow run {run_id} (plots under sweep/)": registry.client.get_run(run_id).info.artifact_uri}
+    links.update({p.rsplit("/", 1)[-1]: p for p in plots})
+    create_markdown_artifact(results.to_markdown(links), key=f"sweep-{job.name}-summary",
+                             description=f"Sweep {study_name}: best trial, cost, plots")
+    return SweepSummary(job=job.name, study=study_name, storage=url.split("@")[-1], mlflow_run_id=run_id,
+                        trials=sorted(results.rows, key=lambda r: r.trial),
+                        best_trial=best.trial if best else None, best_value=best.value if best else None,
+                        best_params=best.params if best else None, cost_usd=results.cost_usd,
+                        trial_epochs=results.epochs, plots=plots, seconds=time.perf_counter() - started,
+                        trials_seconds=trials_seconds,
+                        **summary_fields)

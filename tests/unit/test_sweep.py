@@ -1,0 +1,165 @@
+"""Sweep core: the sweep section's validation, the search space, the Optuna study on real storage, pruning, the plan."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hybridtrain.errors import SpecError
+from hybridtrain.specs.job import HIGHER_IS_BETTER, json_schema, load_spec
+from hybridtrain.specs.sites import SitesCatalog
+from hybridtrain.specs.sweep import OBJECTIVE_METRICS, SweepSpec
+from tests.fixtures.workspaces import ROOT
+
+SPEC = ROOT / "jobs" / "churn-sweep.yaml"
+
+
+def write(tmp_path: Path, **sweep_changes) -> Path:
+    data = yaml.safe_load(SPEC.read_text())
+    data["sweep"].update(sweep_changes)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def problems(path: Path) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec(path, SitesCatalog.load(ROOT / "deployments" / "sites.yaml"))
+    return str(info.value)
+
+
+def test_the_example_sweep_spec_is_valid_and_in_the_schema():
+    spec = load_spec(SPEC, SitesCatalog.load(ROOT / "deployments" / "sites.yaml"))
+    assert spec.sweep is not None and spec.sweep.n_trials == 16 and spec.sweep.job_class == "opportunistic"
+    assert spec.sweep.objective.resolved_direction == "maximize"
+    schema = json_schema()
+    assert "sweep" in schema["properties"] and "SweepSpec" in schema["$defs"]
+    assert {"tpe", "median"} <= {schema["$defs"]["SamplerSpec"]["properties"]["name"]["default"],
+                                 schema["$defs"]["PrunerSpec"]["properties"]["name"]["default"]}
+
+
+def test_objective_metrics_are_the_ones_the_trainer_reports():
+    assert set(OBJECTIVE_METRICS) == {"train_loss", *(f"val_{m}" for m in HIGHER_IS_BETTER)}
+    assert SweepSpec.model_validate({"parameters": {"dropout": {"type": "float", "low": 0, "high": 0.5}},
+                                     "objective": {"metric": "val_log_loss"}}).objective.resolved_direction == "minimize"
+
+
+def test_a_spec_without_a_sweep_keeps_its_hash():
+    spec = load_spec(ROOT / "jobs" / "churn.yaml")
+    assert "sweep" not in spec.to_dict()
+
+
+@pytest.mark.parametrize("parameters, expected", [
+    ({"momentum": {"type": "float", "low": 0.1, "high": 0.9}}, "unknown parameter 'momentum'; sweep one of learning_rate"),
+    ({"learning_rate": {"type": "float", "low": 0, "high": 0.1, "log": True}}, "log: true needs low > 0"),
+    ({"dropout": {"type": "categorical"}}, "needs choices"),
+    ({"dropout": {"type": "float", "low": 0.0, "high": 1.5}}, "value 1.5 is not valid for model.dropout"),
+    ({"batch_size": {"type": "float", "low": 32, "high": 64}}, "batch_size is a whole number"),
+    ({"hidden_layers.5": {"type": "int", "low": 8, "high": 64}}, "model.hidden_layers has 2 layer(s)"),
+    ({"hidden_layers": {"type": "categorical", "choices": [32, 64]}}, "lists of layer widths"),
+])
+def test_bad_parameters_are_named_with_the_fix(tmp_path, parameters, expected):
+    text = problems(write(tmp_path, parameters=parameters))
+    assert f"sweep.parameters.{next(iter(parameters))}" in text and expected in text
+
+
+def test_unknown_sampler_and_pruner_list_the_valid_names(tmp_path):
+    text = problems(write(tmp_path, sampler={"name": "bayes"}, pruner={"name": "hyperband"}))
+    assert "unknown sweep sampler 'bayes'; choose one of: tpe (default), random" in text
+    assert "unknown sweep pruner 'hyperband'; choose one of: median (default), asha, none" in text
+    assert "sweep.sampler.name" in text and "sweep.pruner.name" in text
+
+
+def test_search_space_applies_values_to_the_model():
+    from hybridtrain.sweeps.space import SearchSpace, trial_spec
+
+    spec = load_spec(SPEC)
+    space = SearchSpace({**spec.sweep.parameters,
+                         "hidden_layers.0": SweepSpec.model_validate(
+                             {"parameters": {"hidden_layers.0": {"type": "int", "low": 8, "high": 64}}}
+                         ).parameters["hidden_layers.0"]})
+    dists = space.distributions()
+    assert dists["learning_rate"].log and dists["hidden_layers"].choices == ("[32]", "[64, 32]", "[128, 64]")
+    model = space.apply(spec.model, {"learning_rate": 0.01, "hidden_layers.0": 16})
+    assert model.learning_rate == 0.01 and model.hidden_layers == [16, 32]
+    t = trial_spec(spec, {"hidden_layers": "[128, 64]", "batch_size": 256, "dropout": 0.25})
+    assert t.model.hidden_layers == [128, 64] and t.model.batch_size == 256 and t.sweep is None
+    assert t.name == spec.name and t.model.epochs == spec.model.epochs
+
+
+def test_study_on_sqlite_reports_epochs_and_the_median_pruner_stops_a_worse_trial(tmp_path):
+    from hybridtrain.sweeps.study import SweepStudy, TrialPruned, open_for_trial, storage_url
+    from hybridtrain.workspace import Workspace
+
+    sweep = SweepSpec.model_validate({
+        "parameters": {"dropout": {"type": "float", "low": 0.0, "high": 0.5}},
+        "pruner": {"name": "median", "warmup_epochs": 1, "startup_trials": 1}, "sampler": {"name": "random"}})
+    url = storage_url(Workspace.resolve(tmp_path))
+    assert url == f"sqlite:///{tmp_path.resolve()}/.hybridtrain/sweeps/optuna.db"
+    study = SweepStudy.open(url, "s1", sweep)
+    good = study.ask()
+    # The trial's process opens the study by name, as a worker elsewhere would.
+    reporter = open_for_trial(url, "s1", sweep).reporter(good)
+    for epoch in range(3):
+        reporter(epoch, {"val_auc": 0.8 + epoch / 100})
+    study.tell(good, "complete", 0.82)
+    bad = study.ask()
+    reporter = open_for_trial(url, "s1", sweep).reporter(bad)
+    with pytest.raises(TrialPruned) as info:  # behind the finished trial's 0.80 at the same epoch
+        reporter(0, {"val_auc": 0.6})
+    assert info.value.epoch == 1 and info.value.value == 0.6
+    study.tell(bad, "pruned")
+    again = SweepStudy.open(url, "s1", sweep)  # a resumed sweep sees both
+    assert again.counts() == {"complete": 1, "pruned": 1}
+    assert again.best()[0] == good.number
+
+
+def test_a_study_that_exists_with_the_other_direction_is_refused(tmp_path):
+    from hybridtrain.sweeps.study import SweepStudy
+
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    base = {"parameters": {"dropout": {"type": "float", "low": 0.0, "high": 0.5}}}
+    SweepStudy.open(url, "s", SweepSpec.model_validate(base))
+    with pytest.raises(SpecError) as info:
+        SweepStudy.open(url, "s", SweepSpec.model_validate({**base, "objective": {"metric": "val_log_loss"}}))
+    assert "sweep.objective.direction" in str(info.value) and "new sweep.study_name" in str(info.value)
+
+
+def test_plan_spreads_concurrent_trials_when_on_prem_is_full():
+    from hybridtrain.placement.policy import Policy
+    from hybridtrain.placement.queue_state import QueueState
+    from hybridtrain.sweeps.plan import plan_sweep
+
+    sites = SitesCatalog.load(ROOT / "deployments" / "sites.yaml")
+    spec = load_spec(SPEC, sites)
+    spec = spec.model_copy(update={"sweep": spec.sweep.model_copy(update={"n_trials": 10, "parallelism": 4})})
+    policy = Policy.load(ROOT / "deployments" / "policy.yaml", sites)
+    now = datetime(2026, 11, 25, 12, tzinfo=UTC)
+    free = plan_sweep(spec, sites, policy, dataset_bytes=10**6, now=now)
+    assert sum(s.trials for s in free.slots) == 10 and [s.trials for s in free.slots] == [3, 3, 2, 2]
+    busy = plan_sweep(spec, sites, policy, dataset_bytes=10**6, now=now,
+                      queues={"onprem-dc1": QueueState("onprem-dc1", 8, 8, scheduled=20, running=8,
+                                                       default_run_hours=2)})
+    assert all(s.site == "cloud-eu" and s.capacity_class == "opportunistic" for s in busy.slots)
+    assert busy.cost_usd > 0 and busy.hours == 3 * busy.run_hours
+
+
+def test_cli_plan_and_a_spec_without_a_sweep(tmp_path):
+    from tests.fixtures.workspaces import make_workspace
+
+    ws = make_workspace(tmp_path / "ws")
+    exe = [sys.executable, "-m", "hybridtrain.cli.main"]
+    ok = subprocess.run([*exe, "sweep", "jobs/churn-sweep.yaml", "--plan", "--home", str(ws)], check=False,
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "Sweep plan: churn-sweep — 16 trials, 4 at a time" in ok.stdout and "Estimated cost at most $" in ok.stdout
+    assert not (ws / ".hybridtrain" / "sweeps").exists()  # a plan writes nothing
+    bad = subprocess.run([*exe, "sweep", "jobs/churn.yaml", "--plan", "--home", str(ws)], check=False,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "sweep: this job spec has no sweep section" in bad.stderr
+    assert "Traceback" not in bad.stderr

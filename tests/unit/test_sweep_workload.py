@@ -1,0 +1,33 @@
+"""The sweep workload in the simulator: its trials as jobs, replayed through the production engine beside other jobs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hybridtrain.placement.strategy import ThresholdBurst
+from hybridtrain.simulation.comparison import default_scenario
+from hybridtrain.simulation.simulator import Contender, our_policy
+from hybridtrain.simulation.sweep_workload import SWEEP_PREFIX, SweepWorkload, compare
+
+
+def test_trials_arrive_in_waves_with_one_deadline_and_pruned_ones_are_shorter():
+    w = SweepWorkload(n_trials=10, parallelism=4, trial_hours=2.0, pruned_share=0.5, pruned_fraction=0.25)
+    jobs = w.jobs(arrival=1000.0)
+    assert [j.arrival for j in jobs] == [1000.0] * 4 + [1000.0 + 7200] * 4 + [1000.0 + 14400] * 2
+    assert {j.deadline for j in jobs} == {1000.0 + 1.5 * 3 * 2 * 3600}
+    assert {j.true_hours for j in jobs} == {0.5, 2.0} and all(j.declared_hours == 2.0 for j in jobs)
+    assert all(j.job_class == "opportunistic" and j.id.startswith(SWEEP_PREFIX) for j in jobs)
+    assert w.jobs(1000.0) == jobs  # seeded
+
+
+def test_a_sweep_on_a_full_cluster_costs_less_on_spot_than_on_demand_and_finishes_in_time():
+    scenario = default_scenario(capacity=2)
+    t0 = 3 * 86400.0
+    # Two long standard jobs hold both on-prem GPUs, so the sweep has to burst.
+    busy = [replace(j, id=f"busy-{i}", job_class="standard", deadline=None) for i, j in enumerate(
+        SweepWorkload(n_trials=2, parallelism=2, trial_hours=24, pruned_share=0.0).jobs(t0))]
+    ours, od = compare(scenario, busy, SweepWorkload(n_trials=8, parallelism=4, trial_hours=1.0), t0 + 60,
+                       [our_policy(), Contender("all_on_demand", ThresholdBurst(queue_limit=-1))])
+    assert od.on_demand_gpu_hours > 0 and od.spot_gpu_hours == 0
+    assert ours.spot_gpu_hours > 0 and ours.cost_usd < od.cost_usd
+    assert ours.missed == 0 and od.missed == 0
