@@ -17,6 +17,7 @@ from pydantic import Field
 from flows.context import run_workspace
 from flows.data import Prepared, prepare_data, sync_data
 from flows.dispatch import Mode, run_stage
+from flows.progress import shows_progress
 from flows.supervise import train_with_recovery
 from hybridtrain import stages
 from hybridtrain.specs.job import JobSpec, load_spec, parse_spec
@@ -62,6 +63,7 @@ def ask_approval(job: JobSpec, trained: stages.TrainOutput, evaluated: stages.Ev
 
 
 @flow(name="training-lifecycle", log_prints=True)
+@shows_progress
 def lifecycle(
     spec_path: str = "jobs/churn.yaml",
     spec: JobSpec | None = None,
@@ -69,14 +71,18 @@ def lifecycle(
     run_key: str | None = None,
     dispatch: Mode = "auto",
 ) -> RunSummary:
-    """Run the whole lifecycle of one job.
+    """Run the whole lifecycle of one job: preprocess, anonymize, place, sync, train, evaluate, promote.
 
-    spec_path: job spec file, relative to the workspace (ignored when ``spec`` is given).
-    spec: the job spec itself (typed form in the Prefect UI).
-    workspace: workspace root; default HYBRIDTRAIN_HOME or the worker's working directory.
-    run_key: names the checkpoint series to resume; default this flow run's id, so a retried
-        run resumes and a new run trains afresh.
-    dispatch: auto (stage deployments when they exist), inline (all in this process) or pools.
+    Args:
+        spec_path: Job spec file, relative to the workspace (e.g. jobs/churn.yaml). Ignored when
+            the spec form below is filled in.
+        spec: The job spec itself, as a form: leave empty to use spec_path.
+        workspace: Workspace root on the worker. Empty: HYBRIDTRAIN_HOME, else the worker's
+            working directory.
+        run_key: Names the checkpoint series to resume. Empty: this flow run's id, so a retried
+            run resumes and a new run trains afresh.
+        dispatch: Where stages run. auto: in the work pool of their site when stage deployments
+            exist, else here; inline: every stage in this process; pools: always via the pools.
     """
     started = time.perf_counter()
     ws = run_workspace(workspace)
@@ -122,5 +128,6 @@ def lifecycle(
                                placement=decision, synced=synced, trained=trained, evaluated=evaluated,
                                promoted=promoted)
     # One artifact: where each stage ran, datasets, metrics, gates and every site crossing.
-    create_markdown_artifact(summary.to_markdown(), key=f"lifecycle-{job.name}", description="Lifecycle summary")
+    create_markdown_artifact(summary.render(Registry(ws.tracking_uri, ws.mlflow_artifacts)), key=f"lifecycle-{job.name}",
+                             description="Lifecycle summary")
     return summary

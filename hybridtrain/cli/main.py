@@ -194,10 +194,14 @@ def data_generate(
 # -- run / status / demo ---------------------------------------------------------------------
 
 
-def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch: str) -> Any:
+def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch: str, job: Any = None) -> Any:
+    """Run the lifecycle flow here, showing its progress (bars on a terminal, plain lines otherwise)."""
     from flows.lifecycle import lifecycle
+    from hybridtrain.cli import progress
 
-    return lifecycle(spec_path=str(spec_path), workspace=str(ws.root), run_key=run_key, dispatch=dispatch)
+    with progress.shown(console):
+        return lifecycle(spec_path=str(spec_path), spec=job, workspace=str(ws.root), run_key=run_key,
+                         dispatch=dispatch)
 
 
 def print_summary(summary: Any, ws: Workspace) -> None:
@@ -333,10 +337,27 @@ def demo(
         created = _init_prefect(ws)
         console.print(f"Prefect blocks registered; pseudonym key {'created' if created else 'present'}")
         # The embedded default runs every stage in this process, whatever deployments exist.
-        summary = _run_lifecycle(ws, spec, None, "inline")
+        variant = demo_variant(ws, job)
+        if variant is not None:
+            console.print(f"{job.registry.model_name} already has a champion: this run trains "
+                          f"{variant.model.epochs} epochs instead of {job.model.epochs}, to compete with it")
+        summary = _run_lifecycle(ws, spec, None, "inline", variant)
     except HybridtrainError as exc:
         _fail(exc)
     print_summary(summary, ws)
+
+
+def demo_variant(ws: Workspace, job: Any) -> Any:
+    """For a repeated demo: the spec with 2 more epochs per registered version, so each run trains a
+    different (usually better) model and the champion — and ``previous`` — can move; None on the first run."""
+    from hybridtrain.tracking.model_registry import CHAMPION, Registry
+
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    name = job.registry.model_name
+    if registry.by_alias(name, CHAMPION) is None:
+        return None
+    versions = len(registry.versions(name))
+    return job.model_copy(update={"model": job.model.model_copy(update={"epochs": job.model.epochs + 2 * versions})})
 
 
 def _read_secret_file(path: Path | None, what: str) -> str | None:

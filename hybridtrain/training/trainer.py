@@ -281,6 +281,7 @@ class Trainer:
         on_epoch: Callable[[int, dict[str, float]], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
     ) -> TrainResult:
         """Train (or resume) to ``model_spec.epochs`` epochs and return the model.
 
@@ -291,7 +292,7 @@ class Trainer:
         optimizer step; when it says True a checkpoint is written and ``Preempted`` raised.
         ``clock`` (seconds) drives ``interval_minutes`` (or the derived interval of
         ``auto_interval``) and the timings in the result; checkpoint writes are timed with
-        ``time.perf_counter``.
+        ``time.perf_counter``. ``on_checkpoint(info)`` is called after each checkpoint this process wrote.
 
         Raises ``DataError`` for an empty frame or a missing, non-binary or single-class label
         or a missing feature column, and ``SpecError`` when the checkpoint found was trained
@@ -304,7 +305,7 @@ class Trainer:
         if self.threads is not None:
             torch.set_num_threads(self.threads)
         try:
-            return self._fit(train, val, y_train_np, y_val_np, on_epoch, should_stop, clock, started)
+            return self._fit(train, val, y_train_np, y_val_np, on_epoch, should_stop, clock, started, on_checkpoint)
         finally:
             torch.set_num_threads(previous_threads)
 
@@ -318,6 +319,7 @@ class Trainer:
         should_stop: Callable[[], bool] | None,
         clock: Callable[[], float],
         started: float,
+        on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
     ) -> TrainResult:
         spec = self.model_spec
         device = self.device
@@ -392,6 +394,8 @@ class Trainer:
             written += 1
             if cp.auto_interval:
                 interval_s = optimal_interval_s(write_seconds / written, rate)
+            if on_checkpoint is not None:
+                on_checkpoint(last_info)
             return last_info
 
         n = len(x_train)
