@@ -11,7 +11,7 @@ from prefect import flow
 from pydantic import BaseModel
 
 from flows.context import run_workspace
-from flows.progress import shows_progress
+from flows.progress import bind_progress
 from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.specs.job import JobSpec
@@ -24,7 +24,6 @@ class Prepared(BaseModel):
 
 
 @flow(name="prepare-data", flow_run_name="prepare-{spec.metadata.name}", log_prints=True)
-@shows_progress
 def prepare_data(spec: JobSpec, run_id: str, workspace: str | None = None) -> Prepared:
     """Raw → curated → approved at the data's own site (raw data never leaves it).
 
@@ -33,6 +32,7 @@ def prepare_data(spec: JobSpec, run_id: str, workspace: str | None = None) -> Pr
         run_id: MLflow run of the lifecycle this stage belongs to (the result is stored there).
         workspace: Workspace root on the worker. Empty: HYBRIDTRAIN_HOME or the working directory.
     """
+    bind_progress()
     ws = run_workspace(workspace)
     prep = preprocess(ws, spec)
     anon = anonymize(ws, spec, prep.curated)
@@ -42,7 +42,6 @@ def prepare_data(spec: JobSpec, run_id: str, workspace: str | None = None) -> Pr
 
 
 @flow(name="sync-data", flow_run_name="sync-{approved.path}-to-{destination}", log_prints=True)
-@shows_progress
 def sync_data(approved: DatasetVersion, destination: str, run_id: str, spec: JobSpec | None = None,
               workspace: str | None = None) -> stages.SyncResult:
     """Push the approved version from its site to ``destination``'s store (if the policy allows the
@@ -55,6 +54,7 @@ def sync_data(approved: DatasetVersion, destination: str, run_id: str, spec: Job
         spec: The job spec; when given, the placement policy must allow its data at the destination.
         workspace: Workspace root on the worker. Empty: HYBRIDTRAIN_HOME or the working directory.
     """
+    bind_progress()
     ws = run_workspace(workspace)
     out = sync(ws, approved, destination, spec)
     stages.save_result(ws, run_id, "sync-data", out)

@@ -17,7 +17,7 @@ from pydantic import Field
 from flows.context import run_workspace
 from flows.data import Prepared, prepare_data, sync_data
 from flows.dispatch import Mode, run_stage
-from flows.progress import shows_progress
+from flows.progress import bind_progress
 from flows.supervise import train_with_recovery
 from hybridtrain import stages
 from hybridtrain.specs.job import JobSpec, load_spec, parse_spec
@@ -63,7 +63,6 @@ def ask_approval(job: JobSpec, trained: stages.TrainOutput, evaluated: stages.Ev
 
 
 @flow(name="training-lifecycle", log_prints=True)
-@shows_progress
 def lifecycle(
     spec_path: str = "jobs/churn.yaml",
     spec: JobSpec | None = None,
@@ -84,6 +83,7 @@ def lifecycle(
         dispatch: Where stages run. auto: in the work pool of their site when stage deployments
             exist, else here; inline: every stage in this process; pools: always via the pools.
     """
+    bind_progress()
     started = time.perf_counter()
     ws = run_workspace(workspace)
     job = validate_spec(ws, spec_path, spec)

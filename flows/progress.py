@@ -1,7 +1,7 @@
 """RunProgress: the core's progress events shown in Prefect — a line in the run log for each, and a
 progress artifact for training and sync, updated as they run.
 
-Shell machinery, not a flow: flows put ``@shows_progress`` under ``@flow``. The core reports
+Shell machinery, not a flow: each flow calls ``bind_progress()`` first. The core reports
 through the ``hybridtrain.progress`` logger (``hybridtrain.reporting.progress``) and never imports
 Prefect; this handler binds that logger to ``get_run_logger()`` of whichever flow or task run is
 current when the event is reported, so the lines land in the right run's log in the UI.
@@ -9,20 +9,16 @@ current when the event is reported, so the lines land in the right run's log in 
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
 from uuid import UUID
 
 from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.context import FlowRunContext
 from prefect.exceptions import MissingContextError
 
 from hybridtrain.reporting.progress import LOGGER, MEASURED, ProgressEvent, event_of
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 class PrefectProgress(logging.Handler):
@@ -31,7 +27,7 @@ class PrefectProgress(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__(level=logging.INFO)
-        self.artifacts: dict[str, UUID] = {}
+        self.artifacts: dict[tuple[str, str], UUID] = {}  # (flow run, stage) -> its progress artifact
 
     def emit(self, record: logging.LogRecord) -> None:
         event = event_of(record)
@@ -48,41 +44,33 @@ class PrefectProgress(logging.Handler):
     def update(self, event: ProgressEvent) -> None:
         percent = round(100.0 * (event.fraction or 0.0), 1)
         description = f"{event.stage}: {event.message}"
-        artifact = self.artifacts.get(event.stage)
+        ctx = FlowRunContext.get()
+        key = (str(ctx.flow_run.id) if ctx is not None and ctx.flow_run is not None else "", event.stage)
+        artifact = self.artifacts.get(key)
         if artifact is None or event.kind == "start":
-            self.artifacts[event.stage] = create_progress_artifact(
+            self.artifacts[key] = create_progress_artifact(
                 percent, key=f"{event.stage}-progress", description=description)
         else:
             update_progress_artifact(artifact, percent, description=description)
 
 
-_bound = threading.local()
+_lock = threading.Lock()
 
 
-def shows_progress(fn: F) -> F:
-    """Bind the core's progress logger to Prefect for the duration of ``fn`` (a flow body).
+def bind_progress() -> None:
+    """Show the core's progress events in Prefect from now on, in this process (idempotent).
 
-    Nested calls (a stage flow run inline by the lifecycle) share the outer binding. While bound,
-    progress records do not also propagate to the ``hybridtrain`` logger, which
+    A flow calls it first thing: the handler stays on the ``hybridtrain.progress`` logger for the
+    life of the process (a worker's flow-run process, or a CLI / test process running flows), and
+    reports to whichever run is current when an event happens (none: the event is not shown
+    there). Progress records then no longer propagate to the ``hybridtrain`` logger, which
     ``PREFECT_LOGGING_EXTRA_LOGGERS`` may send to the API as well (each line would show twice).
     """
-
-    @functools.wraps(fn)
-    def bound(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_bound, "handler", None) is not None:
-            return fn(*args, **kwargs)
-        logger = logging.getLogger(LOGGER)
-        handler, saved = PrefectProgress(), (logger.level, logger.propagate)
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
+    logger = logging.getLogger(LOGGER)
+    with _lock:
+        if any(isinstance(h, PrefectProgress) for h in logger.handlers):
+            return
+        logger.addHandler(PrefectProgress())
+        if logger.level == logging.NOTSET or logger.level > logging.INFO:
+            logger.setLevel(logging.INFO)
         logger.propagate = False
-        _bound.handler = handler
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _bound.handler = None
-            logger.removeHandler(handler)
-            logger.setLevel(saved[0])
-            logger.propagate = saved[1]
-
-    return bound  # type: ignore[return-value]

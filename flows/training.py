@@ -35,7 +35,7 @@ from prefect.variables import Variable
 from pydantic import BaseModel
 
 from flows.context import run_workspace
-from flows.progress import shows_progress
+from flows.progress import bind_progress
 from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import HybridtrainError, Preempted, SiteUnavailable, is_retryable
@@ -193,7 +193,6 @@ def record_holder(job: str, record: dict[str, str]) -> None:
 
 
 @flow(name="train-stage", flow_run_name="train-{spec.metadata.name}-at-{site}", log_prints=True)
-@shows_progress
 def train_stage(spec: JobSpec, approved: DatasetVersion, site: str, run_id: str, run_key: str,
                 workspace: str | None = None, attempt: int = 1) -> Trained:
     """Train at the placed site (holding the job's training lease), then evaluate against the champion.
@@ -207,6 +206,7 @@ def train_stage(spec: JobSpec, approved: DatasetVersion, site: str, run_id: str,
         workspace: Workspace root on the worker. Empty: HYBRIDTRAIN_HOME or the working directory.
         attempt: Which training attempt of the lifecycle this is (1 for the first).
     """
+    bind_progress()
     ws = run_workspace(workspace)
     try:
         with ExitStack() as held:

@@ -12,14 +12,14 @@ def test_progress_events_reach_the_run_log_and_the_progress_artifact(prefect_ser
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, LogFilter, LogFilterFlowRunId
 
-    from flows.progress import shows_progress
+    from flows.progress import bind_progress
     from hybridtrain.reporting import progress
 
     @flow(name="progress-probe")
-    @shows_progress
     def probe() -> str:
         from prefect import runtime
 
+        bind_progress()
         shown = progress.TrainingProgress("cloud-eu", epochs=2, rows=100)
         shown.start()
         shown.epoch(0, {"train_loss": 0.7, "val_auc": 0.6})
