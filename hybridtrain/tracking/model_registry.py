@@ -235,8 +235,10 @@ class Registry:
             self.client.get_registered_model(name)
         except MlflowException:
             self.client.create_registered_model(name, description="Registered by hybridtrain.")
+        # A LoggedModel source (models:/m-<id>) must name its model id too: an MLflow server refuses it otherwise.
+        model_id = model_uri.removeprefix("models:/") if model_uri.startswith("models:/m-") else None
         mv = self.client.create_model_version(
-            name, source=model_uri, run_id=run_id, tags={k: str(v) for k, v in tags.items()}
+            name, source=model_uri, run_id=run_id, tags={k: str(v) for k, v in tags.items()}, model_id=model_id
         )
         return self.version(name, mv.version)
 

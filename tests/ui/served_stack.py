@@ -99,6 +99,7 @@ class ServedStack:
         # SQLite under a loaded machine: wait for the write lock rather than answer 503 after 10 s.
         env["PREFECT_SERVER_DATABASE_TIMEOUT"] = "60"
         env["PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT"] = "30"
+        env["PREFECT_API_LOG_RETRYABLE_ERRORS"] = "true"  # a 503's cause goes to the server log
         prefect, prefect_log = self._start("prefect-server", [
             str(bindir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.prefect_port)], env)
         mlflow, mlflow_log = self._start("mlflow-server", [
