@@ -14,6 +14,7 @@ from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.specs.job import JobSpec
 from orchestration.context import run_workspace
+from orchestration.progress import bind_progress
 from tasks.data import anonymize, preprocess, sync
 
 
@@ -24,7 +25,14 @@ class Prepared(BaseModel):
 
 @flow(name="prepare-data", flow_run_name="prepare-{spec.metadata.name}", log_prints=True)
 def prepare_data(spec: JobSpec, run_id: str, workspace: str | None = None) -> Prepared:
-    """Raw → curated → approved at the data's own site (raw data never leaves it)."""
+    """Raw → curated → approved at the data's own site (raw data never leaves it).
+
+    Args:
+        spec: The job spec (its dataset is prepared).
+        run_id: MLflow run of the lifecycle this stage belongs to (the result is stored there).
+        workspace: Workspace root on the worker. Empty: HYBRIDTRAIN_HOME or the working directory.
+    """
+    bind_progress()
     ws = run_workspace(workspace)
     prep = preprocess(ws, spec)
     anon = anonymize(ws, spec, prep.curated)
@@ -37,7 +45,16 @@ def prepare_data(spec: JobSpec, run_id: str, workspace: str | None = None) -> Pr
 def sync_data(approved: DatasetVersion, destination: str, run_id: str, spec: JobSpec | None = None,
               workspace: str | None = None) -> stages.SyncResult:
     """Push the approved version from its site to ``destination``'s store (if the policy allows the
-    job's data there); only missing objects move."""
+    job's data there); only missing objects move.
+
+    Args:
+        approved: The approved dataset version (DVC path and md5) to send.
+        destination: Site whose store receives it.
+        run_id: MLflow run of the lifecycle this stage belongs to (the result is stored there).
+        spec: The job spec; when given, the placement policy must allow its data at the destination.
+        workspace: Workspace root on the worker. Empty: HYBRIDTRAIN_HOME or the working directory.
+    """
+    bind_progress()
     ws = run_workspace(workspace)
     out = sync(ws, approved, destination, spec)
     stages.save_result(ws, run_id, "sync-data", out)

@@ -25,6 +25,7 @@ from hybridtrain.validation import load_job, parse_job
 from hybridtrain.workspace import Workspace
 from orchestration.context import run_workspace
 from orchestration.dispatch import Mode, run_stage
+from orchestration.progress import bind_progress
 from tasks.burst import Relocation
 from tasks.placement import place
 from tasks.tracking import close_run, open_run, promote, record_data
@@ -72,15 +73,20 @@ def lifecycle(
     run_key: str | None = None,
     dispatch: Mode = "auto",
 ) -> RunSummary:
-    """Run the whole lifecycle of one job.
+    """Run the whole lifecycle of one job: preprocess, anonymize, place, sync, train, evaluate, promote.
 
-    spec_path: job spec file, relative to the workspace (ignored when ``spec`` is given).
-    spec: the job spec itself (typed form in the Prefect UI).
-    workspace: workspace root; default HYBRIDTRAIN_HOME or the worker's working directory.
-    run_key: names the checkpoint series to resume; default this flow run's id, so a retried
-        run resumes and a new run trains afresh.
-    dispatch: auto (stage deployments when they exist), inline (all in this process) or pools.
+    Args:
+        spec_path: Job spec file, relative to the workspace (e.g. jobs/churn.yaml). Ignored when
+            the spec form below is filled in.
+        spec: The job spec itself, as a form: leave empty to use spec_path.
+        workspace: Workspace root on the worker. Empty: HYBRIDTRAIN_HOME, else the worker's
+            working directory.
+        run_key: Names the checkpoint series to resume. Empty: this flow run's id, so a retried
+            run resumes and a new run trains afresh.
+        dispatch: Where stages run. auto: in the work pool of their site when stage deployments
+            exist, else here; inline: every stage in this process; pools: always via the pools.
     """
+    bind_progress()
     started = time.perf_counter()
     ws = run_workspace(workspace)
     job = validate_spec(ws, spec_path, spec)
@@ -125,5 +131,6 @@ def lifecycle(
                                placement=decision, synced=synced, trained=trained, evaluated=evaluated,
                                promoted=promoted)
     # One artifact: where each stage ran, datasets, metrics, gates and every site crossing.
-    create_markdown_artifact(summary.to_markdown(), key=f"lifecycle-{job.name}", description="Lifecycle summary")
+    create_markdown_artifact(summary.render(Registry(ws.tracking_uri, ws.mlflow_artifacts)), key=f"lifecycle-{job.name}",
+                             description="Lifecycle summary")
     return summary

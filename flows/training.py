@@ -20,6 +20,7 @@ from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import Preempted, SiteUnavailable, is_retryable
 from hybridtrain.specs.job import JobSpec
 from orchestration.context import run_workspace
+from orchestration.progress import bind_progress
 from orchestration.training_lease import acquire_lease
 from tasks.training import evaluate, train
 
@@ -50,6 +51,18 @@ class AttemptEnd(BaseModel):
 @flow(name="train-stage", flow_run_name="train-{spec.metadata.name}-at-{site}", log_prints=True)
 def train_stage(spec: JobSpec, approved: DatasetVersion, site: str, run_id: str, run_key: str,
                 workspace: str | None = None, attempt: int = 1) -> Trained:
+    """Train at the placed site (holding the job's training lease), then evaluate against the champion.
+
+    Args:
+        spec: The job spec.
+        approved: The approved dataset version to train on (already in the site's store).
+        site: The site this stage runs at.
+        run_id: MLflow run of the lifecycle this stage belongs to.
+        run_key: Names the checkpoint series: the same key resumes from its newest checkpoint.
+        workspace: Workspace root on the worker. Empty: HYBRIDTRAIN_HOME or the working directory.
+        attempt: Which training attempt of the lifecycle this is (1 for the first).
+    """
+    bind_progress()
     ws = run_workspace(workspace)
     try:
         with ExitStack() as held:

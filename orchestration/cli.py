@@ -17,6 +17,7 @@ import typer
 from rich.markup import escape
 
 from flows.lifecycle import lifecycle
+from hybridtrain.cli import progress
 from hybridtrain.cli.main import (
     HomeOpt,
     app,
@@ -32,6 +33,7 @@ from hybridtrain.cli.main import (
 from hybridtrain.cli.run_log import RunLog
 from hybridtrain.errors import HybridtrainError, Problem, SpecError
 from hybridtrain.placement.policy import Policy
+from hybridtrain.tracking.model_registry import CHAMPION, Registry
 from hybridtrain.validation import load_job
 from hybridtrain.workspace import Workspace
 from orchestration import sweep_cli
@@ -64,17 +66,31 @@ def _policy(ws: Workspace, sites: Any) -> Any:
     return Policy.load(ws.policy_file, sites) if ws.policy_file.is_file() else None
 
 
-def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch: str) -> Any:
-    """Run the flow; a user error prints one clear line (Prefect's traceback goes to the run's log file only)."""
+def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch: str, job: Any = None) -> Any:
+    """Run the lifecycle flow here, showing its progress (bars on a terminal, plain lines otherwise); a user
+    error prints one clear line (Prefect's traceback goes to the run's log file only)."""
     with RunLog(ws.state_dir / "logs") as log:
         try:
-            return lifecycle(spec_path=str(spec_path), workspace=str(ws.root), run_key=run_key, dispatch=dispatch)
+            with progress.shown(console):
+                return lifecycle(spec_path=str(spec_path), spec=job, workspace=str(ws.root), run_key=run_key,
+                                 dispatch=dispatch)
         except HybridtrainError as exc:
             logging.getLogger("hybridtrain.cli.main").error("the run failed: %s", exc, exc_info=exc)
             err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
             err.print(f"(the run's log, with Prefect's traceback: {log.path})", highlight=False, markup=False,
                       soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
+
+
+def demo_variant(ws: Workspace, job: Any) -> Any:
+    """For a repeated demo: the spec with 2 more epochs per registered version, so each run trains a
+    different (usually better) model and the champion — and ``previous`` — can move; None on the first run."""
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    name = job.registry.model_name
+    if registry.by_alias(name, CHAMPION) is None:
+        return None
+    versions = len(registry.versions(name))
+    return job.model_copy(update={"model": job.model.model_copy(update={"epochs": job.model.epochs + 2 * versions})})
 
 
 @app.command()
@@ -121,7 +137,11 @@ def demo(
         created = _init_prefect(ws)
         console.print(f"Prefect blocks registered; pseudonym key {'created' if created else 'present'}")
         # The embedded default runs every stage in this process, whatever deployments exist.
-        summary = _run_lifecycle(ws, spec, None, "inline")
+        variant = demo_variant(ws, job)
+        if variant is not None:
+            console.print(f"{job.registry.model_name} already has a champion: this run trains "
+                          f"{variant.model.epochs} epochs instead of {job.model.epochs}, to compete with it")
+        summary = _run_lifecycle(ws, spec, None, "inline", variant)
     except HybridtrainError as exc:
         fail(exc)
     print_summary(summary, ws)

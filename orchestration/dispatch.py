@@ -61,6 +61,18 @@ def follow_moves(run: FlowRun, timeout_s: float) -> FlowRun:
     return run
 
 
+def run_name(stage_flow: Flow, params: dict[str, Any]) -> str | None:
+    """The stage flow's ``flow_run_name`` filled in from ``params``, given when its run is created, so
+    the UI never shows a placeholder name while the run waits for a worker."""
+    template = stage_flow.flow_run_name
+    if not isinstance(template, str):
+        return None
+    try:
+        return template.format(**params)
+    except (KeyError, AttributeError, IndexError):  # a parameter the template needs was not passed
+        return None
+
+
 def run_stage(stage_flow: Flow, result_type: type[R], *, site: str, params: dict[str, Any], ws: Workspace,
               run_id: str, mode: Mode, timeout_s: float, attempt: int = 1) -> R:
     """Run ``stage_flow`` for ``site``.
@@ -87,6 +99,7 @@ def run_stage(stage_flow: Flow, result_type: type[R], *, site: str, params: dict
             "no worker of pool %r is online; %s waits until one starts (`prefect worker start --pool %s`)",
             pool, name, pool)
     run = run_deployment(name, parameters=payload, timeout=timeout_s, poll_interval=POLL_S,
+                         flow_run_name=run_name(stage_flow, params),
                          idempotency_key=f"{run_id}:{stage_flow.name}:{site}:{attempt}")
     run = follow_moves(run, timeout_s)
     state = run.state

@@ -155,7 +155,8 @@ def load_run_records(registry, experiment: str, model: str) -> list:
 
 def ledger(
     model: Annotated[str, typer.Argument(help="Registered model name.")],
-    png: Annotated[Path | None, typer.Option(help="Also write the cost-per-version chart here (PNG).")] = None,
+    png: Annotated[Path | None, typer.Option(
+        help="Also write the cost-per-version chart here (PNG); it is logged to the model's newest MLflow run too.")] = None,
     storage_price: Annotated[float, typer.Option(
         help="Storage price, USD per GB-month, applied to checkpoints, artifacts and bundles.")] = 0.023,
     attach: Annotated[bool, typer.Option(help="Write each version's hybridtrain.cost.* tags in MLflow.")] = False,
@@ -183,6 +184,11 @@ def ledger(
                   highlight=False)
     if png is not None:
         console.print(f"wrote {write_chart(book, png)}", highlight=False, markup=False)
+        # The same picture in MLflow, beside the newest run's learning curves and cost breakdown.
+        newest = max(records, key=lambda r: r.finished_at)
+        registry.log_bytes(newest.run_id, Path(png).read_bytes(), f"plots/ledger-{model}.png")
+        console.print(f"logged it to MLflow run {newest.run_id} as plots/ledger-{model}.png", highlight=False,
+                      markup=False)
     if attach:
         console.print("attached hybridtrain.cost.* tags to each version", highlight=False)
 

@@ -164,7 +164,9 @@ def run(bundle_dir: Path | str, *, out: Callable[[str], None] | None = None,
         if notice is not None:
             notice.grace_s = spec.checkpoint.preemption_grace_s  # recorded in the report
         try:
-            trained = trainer.fit(train_df, val_df, on_epoch=on_epoch, should_stop=notice)
+            trained = trainer.fit(train_df, val_df, on_epoch=on_epoch, should_stop=notice,
+                                  on_checkpoint=lambda info: say(f"{PREFIX} checkpoint step {info.step} written "
+                                                                 f"({info.size} bytes)"))
         except Preempted as exc:
             exc.site = bundle.site.name
             if main:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from hybridtrain.datasets import data_gates, partitioned
 from hybridtrain.datasets.dvc_repo import DatasetVersion
+from hybridtrain.reporting import progress
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.workspace import Workspace
 
@@ -25,6 +26,7 @@ def anonymize(ws: Workspace, spec: JobSpec, curated: DatasetVersion, key: bytes)
     started = time.perf_counter()
     sites = ws.load_sites()
     site = spec.dataset.site
+    progress.report("anonymize", "start", f"anonymize started at {site}: curated {curated.md5[:8]}", site=site)
     repo = workspace_repo(ws, sites, site)
     source_dir = dataset_at(ws, sites, curated, site, site)
     source = partitioned.read(source_dir)
@@ -59,11 +61,15 @@ def anonymize(ws: Workspace, spec: JobSpec, curated: DatasetVersion, key: bytes)
     repo.push(approved, remote=sites.get(site).dvc_remote)
     audit(ws).append(actor=ws.actor, action="tier_promotion", subject=f"dataset {approved_path}",
                      inputs={**promotion_inputs, "to_md5": approved.md5}, outcome=f"approved {approved.md5}")
+    seconds = time.perf_counter() - started
+    progress.report("anonymize", "end", f"anonymize finished at {site} in {seconds:.1f} s: {len(approved_frame)} rows "
+                    f"approved, k={result.report.k_achieved}, {result.report.rows_suppressed} suppressed, leak scan "
+                    f"clean (approved md5 {approved.md5[:8]})", site=site, seconds=seconds)
     return AnonymizeResult(
         approved=approved,
         report=result.report.model_dump(mode="json"),
         leak_scan=leak.model_dump(mode="json") if hasattr(leak, "model_dump") else dict(leak.__dict__),
         rows_sampled_out=int((~keep).sum()),
         site=site,
-        seconds=time.perf_counter() - started,
+        seconds=seconds,
     )

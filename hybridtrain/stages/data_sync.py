@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.datasets.transfer import DataMover
 from hybridtrain.errors import Problem, SpecError
+from hybridtrain.reporting import progress
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.specs.sites import SitesCatalog
 from hybridtrain.workspace import Workspace
@@ -50,8 +51,16 @@ def sync(ws: Workspace, approved: DatasetVersion, destination: str, spec: JobSpe
     DataMover.check_tier(approved, approved.site, destination)
     if spec is not None:
         check_destination(ws, spec, approved, destination, sites)
+    progress.report("sync", "start", f"sync started: approved {approved.path}@{approved.md5[:8]} "
+                    f"({approved.size:,} bytes) {approved.site} -> {destination}", done=0, total=approved.size or 1,
+                    site=approved.site, destination=destination)
     repo = workspace_repo(ws, sites, approved.site)
     moved, record = DataMover(repo).sync_dataset(approved, sites.get(approved.site), sites.get(destination))
     audit(ws).append(actor=ws.actor, action="sync", subject=f"dataset {approved.path}@{approved.md5}",
                      inputs=record.as_row(), outcome=f"{record.bytes} bytes to {destination}")
-    return SyncResult(dataset=moved, transfer=record, site=destination, seconds=time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    progress.report("sync", "end", f"sync finished: {record.bytes:,} bytes in {record.files} files, {approved.site} -> "
+                    f"{destination} in {seconds:.1f} s ({progress.rate(record.bytes, record.seconds)}), egress "
+                    f"${record.cost_usd:.4f}", done=approved.size or 1, total=approved.size or 1, site=approved.site,
+                    destination=destination, bytes=record.bytes, seconds=seconds)
+    return SyncResult(dataset=moved, transfer=record, site=destination, seconds=seconds)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from hybridtrain.datasets import partitioned
 from hybridtrain.datasets.dvc_repo import DatasetVersion
+from hybridtrain.reporting import progress
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.tracking.model_registry import CHAMPION, Registry
 from hybridtrain.workspace import Workspace
@@ -24,6 +25,7 @@ def evaluate(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, 
     from hybridtrain.training import evaluation  # lazy: heavy (torch, scipy)
 
     started = time.perf_counter()
+    progress.report("evaluate", "start", f"evaluate started at {site}: {model_uri}", site=site)
     sites = ws.load_sites()
     data_dir = dataset_at(ws, sites, approved, site, spec.dataset.site)
     test_df = partitioned.read(data_dir, ["test"])
@@ -38,6 +40,10 @@ def evaluate(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, 
         champ_metrics = evaluation.evaluate(cmodel, Featurizer.from_dict(cfeat), test_df, label)
     cmp = evaluation.compare(metrics, champ_metrics, spec.evaluation.primary_metric, spec.evaluation.min_improvement)
     failures = evaluation.check_thresholds(metrics, spec.evaluation.thresholds)
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k in ("auc", "accuracy", "f1"))
+    progress.report("evaluate", "verdict", f"evaluate verdict at {site}: {shown}; {cmp.reason}; "
+                    + ("thresholds failed: " + "; ".join(failures) if failures else "thresholds met"),
+                    site=site, better=cmp.better, seconds=time.perf_counter() - started)
     return EvaluateResult(
         metrics=metrics,
         champion_version=champ.version if champ else None,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
+from hybridtrain.reporting import progress
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.specs.sites import Site
 from hybridtrain.tracking.model_registry import Registry
@@ -48,20 +49,42 @@ class PlacementOutcome(BaseModel):
     rejected: dict[str, str]
     tags: dict[str, str]
 
+    def why(self) -> list[str]:
+        """The engine's reasons, with "no on-prem site is allowed" spelled out by the rules that
+        rejected the on-prem (fixed-capacity) candidates — the same words as the table's."""
+        onprem = sorted({f"{c.get('rule')}: {c.get('reason')}" for c in self.candidates
+                         if c.get("capacity") == "fixed" and c.get("verdict") == "rejected"})
+        out = []
+        for r in self.reasons:
+            if r.startswith("no on-prem site is allowed") and onprem:
+                r = "no on-prem site is allowed for this job (" + "; ".join(onprem) + ")"
+            out.append(r)
+        return out
+
+    def headline(self) -> str:
+        """One line: site, capacity, estimated cost and finish, and why."""
+        why = self.why()
+        return (f"placement: {self.site} ({self.capacity_class}, strategy {self.strategy}), est. ${self.cost_usd:.2f}, "
+                f"finish {self.finish_at:%Y-%m-%d %H:%M} UTC"
+                + ("" if self.meets_deadline else " (misses the deadline)")
+                + (f"; {' / '.join(why)}" if why else ""))
+
     def to_markdown(self) -> str:
+        """Headline and reasons, cost breakdown, then every candidate in a table that fits 1440 px:
+        short columns only; each rejected candidate's rule and reason follow the table in full."""
         lines = [f"# Placement: **{self.site}** ({self.capacity_class}, strategy {self.strategy})", "",
                  f"Estimated cost ${self.cost_usd:.2f}, finish {self.finish_at:%Y-%m-%d %H:%M} UTC"
                  + (f", deadline {self.deadline:%Y-%m-%d %H:%M} UTC" if self.deadline else "")
                  + (" — meets it." if self.meets_deadline else " — **misses it** (least late option)."), ""]
-        lines += [f"- {r}" for r in self.reasons]
+        lines += [f"- {r}" for r in self.why()]
         lines += ["", "## Cost breakdown", ""] + [f"- {b}" for b in self.breakdown]
-        if self.rejected:
-            lines += ["", "## Rejected", ""] + [f"- {k}: {v}" for k, v in self.rejected.items()]
         if self.candidates:
-            cols = list(self.candidates[0])
+            cols = ["site", "capacity", "verdict", "cost_usd", "finish", "meets_deadline", "queue_wait", "rule"]
             lines += ["", "## Every candidate", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
             lines += ["| " + " | ".join(str(c.get(k, "")).replace("|", "\\|") for k in cols) + " |"
                       for c in self.candidates]
+        if self.rejected:
+            lines += ["", "## Rejected, and why", ""] + [f"- **{k}** — {v}" for k, v in self.rejected.items()]
         return "\n".join(lines)
 
 
@@ -93,7 +116,7 @@ def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, queues: dict | None,
     policy = Policy.load(ws.policy_file, sites)
     request = request_from_spec(spec, dataset_bytes=dataset_bytes, now=now, run_hours=run_hours)
     decision = Placement(sites, policy).decide(request, now=now.timestamp(), queues=queues, unavailable=unavailable)
-    return PlacementOutcome(
+    outcome = PlacementOutcome(
         site=decision.site,
         capacity_class=decision.capacity_class.value,
         strategy=decision.strategy,
@@ -112,6 +135,9 @@ def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, queues: dict | None,
         rejected=decision.rejected,
         tags={f"hybridtrain.{k}": v for k, v in decision.to_tags().items()},
     )
+    progress.report("place", "decision", outcome.headline(), site=outcome.site, capacity=outcome.capacity_class,
+                    cost_usd=outcome.cost_usd)
+    return outcome
 
 
 def site_health(ws: Workspace, workers_online: Callable[[str], int | None] | None = None,

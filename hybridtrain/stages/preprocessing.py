@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.datasets.preprocess import Preprocessor
 from hybridtrain.errors import DataError, Problem
+from hybridtrain.reporting import progress
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.specs.sites import SitesCatalog
 from hybridtrain.workspace import Workspace
@@ -54,6 +55,7 @@ def preprocess(ws: Workspace, spec: JobSpec) -> PreprocessResult:
     started = time.perf_counter()
     sites = ws.load_sites()
     site = spec.dataset.site
+    progress.report("preprocess", "start", f"preprocess started at {site}: {spec.dataset.path}@{spec.dataset.md5[:8]}", site=site)
     raw, raw_path = resolve_raw(ws, spec, sites)
     curated_path = ws.tier_path("curated", spec.name)
     report = Preprocessor(spec).run(raw_path, ws.path(curated_path))
@@ -65,5 +67,7 @@ def preprocess(ws: Workspace, spec: JobSpec) -> PreprocessResult:
                              "to_md5": curated.md5, "spec_hash": spec.spec_hash(), "site": site,
                              "reason": "schema validated, cleaned, split and partitioned", "report": report.as_dict()},
                      outcome=f"curated {curated.md5}")
-    return PreprocessResult(raw=raw, curated=curated, report=report.as_dict(), site=site,
-                            seconds=time.perf_counter() - started)
+    rep, seconds = report.as_dict(), time.perf_counter() - started
+    progress.report("preprocess", "end", f"preprocess finished at {site} in {seconds:.1f} s: {rep.get('rows_in')} rows "
+                    f"in, {rep.get('rows_out')} curated (curated md5 {curated.md5[:8]})", site=site, seconds=seconds)
+    return PreprocessResult(raw=raw, curated=curated, report=rep, site=site, seconds=seconds)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hybridtrain.datasets.transfer import TransferRecord
+from hybridtrain.reporting import progress
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.specs.sites import SitesCatalog
 from hybridtrain.tracking.lineage import Lineage
@@ -23,6 +24,27 @@ from hybridtrain.governance.release import BundleArchive, Releaser, open_targets
 from hybridtrain.stages.results import EvaluateResult, PromoteResult, TrainOutput
 from hybridtrain.stages.site_access import control_site
 from hybridtrain.storage import open_store
+
+#: Lineage tags a model version keeps (the rest stay on its run).
+VERSION_LINEAGE_TAGS = frozenset({
+    "hybridtrain.job", "hybridtrain.spec_hash", "hybridtrain.code_version", "hybridtrain.site",
+    "hybridtrain.dataset.raw.md5", "hybridtrain.dataset.curated.md5", "hybridtrain.dataset.approved.md5",
+    "hybridtrain.checkpoint.sha256"})
+#: Cost tags a model version keeps; the full breakdown is on its run (and in ``hybridtrain ledger``).
+VERSION_COST_TAGS = frozenset({"hybridtrain.cost.total_usd", "hybridtrain.cost.gpu_hours"})
+
+
+def log_pictures(registry: Registry, run_id: str, trained: TrainOutput, line: Any, metric: str,
+                 label: str) -> dict[str, str]:
+    """Learning curves and the cost breakdown as PNGs in the run (``plots/``); title -> artifact path."""
+    from hybridtrain.reporting import plots
+
+    registry.log_bytes(run_id, plots.learning_curves(trained.history, metric, f"{label} trained at {trained.site}"),
+                       plots.LEARNING_CURVES)
+    registry.log_bytes(run_id, plots.cost_breakdown(plots.cost_groups(line.cost), f"what {label} cost: "
+                                                                                  f"${line.total_usd:.4f}"),
+                       plots.COST_BREAKDOWN)
+    return {"Learning curves": plots.LEARNING_CURVES, "Cost breakdown": plots.COST_BREAKDOWN}
 
 
 def releaser_for(ws: Workspace, spec: JobSpec, sites: SitesCatalog, trusted_key: Any) -> Any:
@@ -84,16 +106,22 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
     sites = ws.load_sites()
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
     name = spec.registry.model_name
-    metric_tags = {f"hybridtrain.metric.{k}": f"{v:.6f}" for k, v in result.metrics.items()}
+    primary = spec.evaluation.primary_metric
+    metric_tags = {f"hybridtrain.metric.{k}": f"{v:.6f}" for k, v in result.metrics.items() if k == primary}
     lineage_tags = {**lineage.tags(), "hybridtrain.checkpoint.sha256": trained.checkpoint_sha256 or ""}
-    version = registry.register(trained.model_uri, name, run_id, {**lineage_tags, **metric_tags}).version
+    # The version carries what a reader of the registry needs (hashes, primary metric; gates and cost
+    # follow); everything else about the run stays on the run (close_run), one click away.
+    version_tags = {k: v for k, v in lineage_tags.items() if k in VERSION_LINEAGE_TAGS}
+    version = registry.register(trained.model_uri, name, run_id, {**version_tags, **metric_tags}).version
 
     record = run_record(ws, spec, run_id, version, trained, capacity_class, transfers,
                         registry.model_bytes_uri(trained.model_uri))
     registry.log_text(run_id, record.model_dump_json(indent=2), "ledger/run_record.json")
     registry.set_tags(run_id, {"hybridtrain.ledger.model": name, "hybridtrain.model_version": version})
     line = CostLedger(sites).for_model([record], model=name).line(version)
-    registry.set_version_tags(name, version, line.tags())
+    registry.set_tags(run_id, line.tags())
+    registry.set_version_tags(name, version, {k: v for k, v in line.tags().items() if k in VERSION_COST_TAGS})
+    pictures = log_pictures(registry, run_id, trained, line, f"val_{primary}", f"{name} v{version}")
 
     key = SigningKey.from_pem(signing_key_pem)
     publish_public_key(ws, key.public.to_pem())
@@ -131,6 +159,13 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
     else:
         reasons = [f"promoted: {result.reason}"]
     champ = registry.by_alias(name, CHAMPION)
+    failed = [r.name for r in report.results if not r.passed]
+    progress.report("promote", "verdict",
+                    f"promote gates for {name} v{version}: {len(report.results) - len(failed)} passed, {len(failed)} failed"
+                    + (f" ({', '.join(failed)})" if failed else "") + "; "
+                    + (f"champion -> v{version}" + (f" (previous v{outcome.previous})" if outcome.previous else "")
+                       if outcome is not None else f"champion stays {'v' + champ.version if champ else 'unset'}")
+                    + f"; cost ${line.total_usd:.4f}", site=control_site(ws, sites).name, promoted=outcome is not None)
     return PromoteResult(
         model_name=name,
         version=version,
@@ -143,4 +178,5 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
         released_to=[t.target for t in outcome.release.targets] if outcome else [],
         bundle_sha256=bundle_sha,
         seconds=time.perf_counter() - started,
+        pictures=pictures,
     )

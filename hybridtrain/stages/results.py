@@ -85,4 +85,5 @@ class PromoteResult(BaseModel):
     cost_usd: float = Field(0.0, description="The version's ledger total.")
     released_to: list[str] = Field(default_factory=list)
     bundle_sha256: str | None = None
+    pictures: dict[str, str] = Field(default_factory=dict, description="Title -> PNG artifact path in the run.")
     seconds: float

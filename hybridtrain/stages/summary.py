@@ -47,6 +47,8 @@ class RunSummary(BaseModel):
     transfers: list[dict[str, Any]]
     placement: dict[str, Any]
     training: dict[str, Any]
+    pictures: dict[str, str] = {}
+    history: list[dict[str, float]] = []
 
     @classmethod
     def build(
@@ -122,10 +124,26 @@ class RunSummary(BaseModel):
                       "samples_per_second": round(trained.samples_per_second, 1),
                       "gpu_seconds": round(trained.gpu_seconds, 1),
                       "model_uri": trained.model_uri},
+            pictures=promoted.pictures,
+            history=trained.history,
         )
 
-    def to_markdown(self) -> str:
+    def render(self, registry: Any) -> str:
+        """``to_markdown`` with the run's pictures read back from MLflow and embedded (data URIs, so
+        they show in any UI without a route to the artifact store), plus the MLflow run link."""
+        from hybridtrain.reporting.plots import data_uri
+
+        images = {path: data_uri(registry.read_bytes(self.mlflow_run_id, path)) for path in self.pictures.values()}
+        return self.to_markdown(images, registry.artifact_page(self.mlflow_run_id))
+
+    def to_markdown(self, images: dict[str, str] | None = None, mlflow_page: str | None = None) -> str:
+        """The summary as markdown; ``images`` (artifact path -> image URL or data URI) adds the
+        run's pictures under the tables, ``mlflow_page`` a link to the run in MLflow."""
         lines = [f"# Lifecycle of `{self.job}`", ""]
+        if self.history:
+            last = self.history[-1]
+            lines += ["Training: " + f"{len(self.history)} epochs; last epoch loss {last.get('train_loss', float('nan')):.4f}"
+                      + "".join(f", {k} {v:.4f}" for k, v in last.items() if k in ("val_auc", "val_accuracy")), ""]
         lines += ["| stage | site | seconds | detail |", "|---|---|---|---|"]
         lines += [f"| {s.stage} | {s.site} | {s.seconds:.1f} | {s.detail} |" for s in self.stages]
         lines += ["", "## Datasets (DVC md5)", ""]
@@ -150,6 +168,13 @@ class RunSummary(BaseModel):
                       "|---|---|---|---|---|---|"]
             lines += [f"| {t['source']} | {t['destination']} | {t['what']} | {t['bytes']:,} | {t['seconds']} | "
                       f"{t['cost_usd']} |" for t in self.transfers]
+        shown = [(title, images[path]) for title, path in self.pictures.items() if images and path in images]
+        if shown:
+            lines += ["", "## Pictures", ""]
+            for title, src in shown:
+                lines += [f"**{title}**", "", f"![{title}]({src})", ""]
+        if mlflow_page:
+            lines += ["", f"[Open the MLflow run (metrics, plots, lineage)]({mlflow_page})"]
         return "\n".join(lines)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from hybridtrain.datasets import partitioned
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.datasets.transfer import TransferRecord, egress_cost
 from hybridtrain.errors import Preempted, Problem, SpecError
+from hybridtrain.reporting import progress
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.workspace import Workspace
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
 
 from hybridtrain.stages.results import TrainOutput
 from hybridtrain.stages.site_access import audit, checkpoint_store, control_site, dataset_at
+
+log = logging.getLogger(__name__)
 
 
 def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run_id: str, run_key: str,
@@ -54,7 +58,10 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     s = sites.get(site)
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
 
+    shown = progress.TrainingProgress(site, spec.model.epochs, metric=f"val_{spec.evaluation.primary_metric}")
+
     def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
+        # Streamed while training (MLflow shows the curves as they grow), from this process or a host's lines.
         registry.log_metrics(run_id, {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=epoch)
         if on_epoch_end is not None:
             on_epoch_end(epoch, metrics)
@@ -83,23 +90,39 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
         from hybridtrain.remote.ssh_site import Timeouts  # lazy: heavy (paramiko)
 
         host = s.hosts[0]
+        streamed: dict[int, set[str]] = {}
+
+        def host_line(line: str) -> None:
+            epoch_line = shown.host_line(line)
+            if epoch_line is None:
+                (on_line or (lambda text: log.info("[%s] %s", job_id, text)))(line)
+                return
+            epoch, metrics = epoch_line
+            on_epoch(epoch, metrics)
+            streamed.setdefault(epoch, set()).update(metrics)
+
+        from hybridtrain.placement.node_fit import reserve_hosts  # lazy: heavy (paramiko)
+        from hybridtrain.remote.multinode_training import ssh_train_nodes  # lazy: heavy (paramiko)
+
         timeouts = Timeouts(connect=host.connect_timeout_s, command=host.command_timeout_s,
                             reconnect=host.reconnect_s)
         if spec.resources.nodes > 1:
-            from hybridtrain.placement.node_fit import reserve_hosts
-            from hybridtrain.remote.multinode_training import ssh_train_nodes
-
             hosts = reserve_hosts(s, spec.resources.nodes, spec.resources.gpus, job=spec.name).hosts
+            shown.start(f"on {len(hosts)} SSH hosts ({', '.join(h.hostname for h in hosts)}), job {job_id}")
             files = ssh_train_nodes(ws, spec, approved, s, hosts, ssh.private_key, ssh.known_hosts, run_key, job_id,
-                                    on_line, mlflow_run_id=run_id, preemptions_per_hour=preemptions_per_hour,
+                                    host_line, mlflow_run_id=run_id, preemptions_per_hour=preemptions_per_hour,
                                     timeouts=timeouts)
         else:
+            shown.start(f"on SSH host {host.hostname}, job {job_id}")
             files = ssh_train(ws, spec, approved, s, host, ssh.private_key, ssh.known_hosts, run_key, job_id,
-                              on_line, mlflow_run_id=run_id, preemptions_per_hour=preemptions_per_hour,
+                              host_line, mlflow_run_id=run_id, preemptions_per_hour=preemptions_per_hour,
                               timeouts=timeouts)
         result, device = files.train_result(), files.result.device
-        for h in result.history:
-            on_epoch(int(h["epoch"]), {k: v for k, v in h.items() if k not in ("epoch", "global_step")})
+        for h in result.history:  # what the host's lines did not carry
+            epoch = int(h["epoch"])
+            rest = {k: v for k, v in h.items() if k not in ("epoch", "global_step") and k not in streamed.get(epoch, ())}
+            if rest:
+                registry.log_metrics(run_id, rest, step=epoch)
     else:
         data_dir = dataset_at(ws, sites, approved, site, spec.dataset.site)
         train_df = partitioned.read(data_dir, ["train"])
@@ -109,8 +132,16 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
         trainer = Trainer(spec.model, spec.checkpoint, store, spec.data_schema.label,
                           threads=spec.model.threads or spec.resources.cpus, job=spec.name,
                           preemptions_per_hour=preemptions_per_hour)
+        shown.rows = len(train_df)
+        shown.start(f"run key {run_key}")
+
+        def epoch_done(epoch: int, metrics: dict[str, float]) -> None:
+            on_epoch(epoch, metrics)
+            shown.epoch(epoch, metrics)
+
         try:
-            result = trainer.fit(train_df, val_df, on_epoch=on_epoch, should_stop=should_stop)
+            result = trainer.fit(train_df, val_df, on_epoch=epoch_done, should_stop=should_stop,
+                                 on_checkpoint=lambda info: shown.checkpoint(info.step, info.size))
         except Preempted as exc:
             exc.site = site
             raise
@@ -130,6 +161,7 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
             seconds=time.perf_counter() - upload_started, egress_per_gb=s.egress_per_gb,
             cost_usd=egress_cost(nbytes, s)))
     seconds = time.perf_counter() - started
+    shown.end(result.global_step, seconds, result.samples_per_second, result.resumed_from_step)
     registry.log_metrics(run_id, {"train_seconds": seconds})  # feeds the engine's duration estimates
     return TrainOutput(
         site=site,

@@ -118,14 +118,32 @@ class Registry:
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
         self.client.log_text(run_id, text, artifact_file)
 
+    def log_bytes(self, run_id: str, data: bytes, artifact_file: str) -> None:
+        """Store ``data`` (a PNG, say) as ``artifact_file`` of the run."""
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / Path(artifact_file).name
+            local.write_bytes(data)
+            folder = str(Path(artifact_file).parent)
+            self.client.log_artifact(run_id, str(local), None if folder == "." else folder)
+
     def read_text(self, run_id: str, artifact_file: str) -> str:
-        import mlflow  # lazy: heavy (mlflow)
+        return self.read_bytes(run_id, artifact_file).decode()
+
+    def read_bytes(self, run_id: str, artifact_file: str) -> bytes:
+        import mlflow
 
         mlflow.set_tracking_uri(self.tracking_uri)
         with tempfile.TemporaryDirectory() as tmp:
             local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_file, dst_path=tmp,
                                                         tracking_uri=self.tracking_uri)
-            return Path(local).read_text()
+            return Path(local).read_bytes()
+
+    def artifact_page(self, run_id: str) -> str | None:
+        """The run's page in the MLflow UI when the tracking URI is a server, else None."""
+        if not self.tracking_uri.startswith(("http://", "https://")):
+            return None
+        exp = self.client.get_run(run_id).info.experiment_id
+        return f"{self.tracking_uri.rstrip('/')}/#/experiments/{exp}/runs/{run_id}/artifacts"
 
     def model_bytes_uri(self, model_uri: str) -> int:
         """Like ``model_bytes`` for a ``models:/m-<id>`` URI (a LoggedModel) or any artifact URI."""

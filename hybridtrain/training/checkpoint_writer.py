@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Self
@@ -61,8 +62,11 @@ def snapshot(state: Any) -> Any:
 class CheckpointWriter:
     """One run's background checkpoint writes into ``store`` (use as a context manager)."""
 
-    def __init__(self, store: CheckpointStore):
+    def __init__(self, store: CheckpointStore,
+                 on_stored: Callable[[CheckpointInfo], None] | None = None):
         self.store = store
+        #: Called on the caller's (training) thread with each checkpoint once it is stored.
+        self.on_stored = on_stored
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self._pending: Future[CheckpointInfo] | None = None
         self.last: CheckpointInfo | None = None
@@ -103,6 +107,8 @@ class CheckpointWriter:
             return
         self._pending = None
         self.last = pending.result()  # raises the writer's error here, on the training thread
+        if self.on_stored is not None:
+            self.on_stored(self.last)
 
     def check(self) -> None:
         """Raise the error of a write that failed since the last call; cheap enough for every step."""

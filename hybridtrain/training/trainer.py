@@ -288,6 +288,7 @@ class Trainer:
         on_epoch: Callable[[int, dict[str, float]], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
     ) -> TrainResult:
         """Train (or resume) to ``model_spec.epochs`` epochs and return the model.
 
@@ -301,6 +302,7 @@ class Trainer:
         ``time.perf_counter``. Checkpoints are stored by a ``CheckpointWriter`` beside training
         (the step waits only for an in-memory snapshot); a failed write is raised after the next
         step, and ``fit`` returns or raises only once the last one submitted is stored.
+        ``time.perf_counter``. ``on_checkpoint(info)`` is called on the training thread once each checkpoint this process wrote is stored.
 
         Raises ``DataError`` for an empty frame or a missing, non-binary or single-class label
         or a missing feature column, and ``SpecError`` when the checkpoint found was trained
@@ -315,7 +317,7 @@ class Trainer:
         try:
             # Leaving the block waits for the write in flight: whatever ends training, the last
             # checkpoint it submitted is stored (or its failure reported) before fit returns.
-            with CheckpointWriter(self.store) as writer:
+            with CheckpointWriter(self.store, on_stored=on_checkpoint) as writer:
                 return self._fit(train, val, y_train_np, y_val_np, on_epoch, should_stop, clock, started, writer)
         finally:
             torch.set_num_threads(previous_threads)

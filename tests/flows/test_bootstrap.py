@@ -61,10 +61,10 @@ def test_deployments_have_pools_schedule_and_a_typed_spec_parameter(boot):
 
     _, first, second = boot
     assert first.deployments == second.deployments
-    assert {"training-lifecycle/churn-onprem", "training-lifecycle/lifecycle-cloud"} <= set(first.deployments)
+    assert {"training-lifecycle/churn-nightly-cloud-eu", "training-lifecycle/churn-from-cloud-pool"} <= set(first.deployments)
     with get_client(sync_client=True) as client:
-        d = client.read_deployment_by_name("training-lifecycle/churn-onprem")
-        cloud = client.read_deployment_by_name("training-lifecycle/lifecycle-cloud")
+        d = client.read_deployment_by_name("training-lifecycle/churn-nightly-cloud-eu")
+        cloud = client.read_deployment_by_name("training-lifecycle/churn-from-cloud-pool")
     assert d.work_pool_name == "onprem" and cloud.work_pool_name == "cloud"
     assert [s.schedule.cron for s in d.schedules] == ["0 2 * * *"]
     props = d.parameter_openapi_schema["properties"]

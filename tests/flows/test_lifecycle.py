@@ -80,7 +80,31 @@ def test_lineage_tags_equal_the_dvc_versions(runs):
 
     assert tags["hybridtrain.spec_hash"] == load_spec(root / "jobs" / "strong.yaml").spec_hash()
     assert tags["hybridtrain.code_version"]  # "unknown" only outside git; the workspace is a git repo
-    assert int(tags["hybridtrain.bytes_synced"]) == runs["b"].bytes_synced
+    run_tags = registry(root).client.get_run(runs["b"].mlflow_run_id).data.tags
+    assert int(run_tags["hybridtrain.bytes_synced"]) == runs["b"].bytes_synced  # on the run, not the version
+
+
+def test_a_version_carries_what_a_reader_needs_and_the_run_the_rest(runs):
+    reg = registry(runs["root"])
+    tags = reg.version("churn-classifier", "2").tags
+    assert len(tags) <= 30, sorted(tags)
+    assert {"hybridtrain.cost.total_usd", "hybridtrain.metric.auc", "hybridtrain.dataset.approved.md5"} <= set(tags)
+    assert any(k.startswith("hybridtrain.gate.") for k in tags)
+    assert "hybridtrain.dataset.raw.path" not in tags and "hybridtrain.cost.storage_usd" not in tags
+    run_tags = reg.client.get_run(runs["b"].mlflow_run_id).data.tags
+    assert run_tags["hybridtrain.dataset.raw.path"] == "data/raw/churn.csv"
+    assert "hybridtrain.cost.storage_usd" in run_tags
+
+
+def test_learning_curves_and_cost_breakdown_are_in_mlflow_and_the_summary(runs):
+    reg = registry(runs["root"])
+    b = runs["b"]
+    for path in ("plots/learning_curves.png", "plots/cost_breakdown.png"):
+        assert reg.read_bytes(b.mlflow_run_id, path).startswith(b"\x89PNG"), path
+    assert b.pictures == {"Learning curves": "plots/learning_curves.png", "Cost breakdown": "plots/cost_breakdown.png"}
+    md = b.render(reg)
+    assert md.count("](data:image/png;base64,") == 2
+    assert len(b.history) == 4 and "Training: 4 epochs" in md
 
 
 def test_mlflow_run_records_dataset_inputs_from_dvc(runs):
@@ -142,6 +166,7 @@ def test_summary_and_placement_artifacts_are_in_prefect(runs):
 
     summary = latest("lifecycle-churn")
     assert "champion" in summary and "| train | cloud-eu |" in summary and "## Site crossings" in summary
+    assert summary.count("](data:image/png;base64,") == 2  # learning curves and cost, embedded
     placement = latest("placement-churn")
     assert "## Every candidate" in placement
     for site in ("onprem-dc1", "cloud-eu"):

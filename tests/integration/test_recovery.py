@@ -192,7 +192,7 @@ def test_a_crashed_lifecycle_run_is_resubmitted_once_and_resumes(workspace, pref
     worker = start_worker("onprem", root, prefect_server, log)
     try:
         wait_for_workers(["onprem"], [worker], [log])
-        run = run_deployment("training-lifecycle/churn-onprem", timeout=0,
+        run = run_deployment("training-lifecycle/churn-nightly-cloud-eu", timeout=0,
                              parameters={"spec_path": str(spec.relative_to(root)), "dispatch": "inline"})
         key = str(run.id)
         wait_until(lambda: any(s >= 25 for s in checkpoint_steps(root, "*", "churn", key)), "a checkpoint at >= 25")
