@@ -268,6 +268,9 @@ def run(
         summary = _run_lifecycle(ws, spec, run_key, dispatch)
     except HybridtrainError as exc:
         _fail(exc)
+    if hasattr(summary, "rounds"):  # a federated lifecycle (flows.federated.FederatedSummary)
+        console.print(summary.to_markdown(), highlight=False, markup=False)
+        return
     print_summary(summary, ws)
 
 
@@ -438,11 +441,13 @@ def drill(
         raise typer.Exit(1)
 
 
+from hybridtrain.cli import federated as cli_federated  # noqa: E402
 from hybridtrain.cli import governance as cli_governance  # noqa: E402 - their commands join this app
 from hybridtrain.cli import placement as cli_placement  # noqa: E402
 
 cli_placement.register(app)
 cli_governance.register(app)
+cli_federated.register(data_app)
 
 
 def main() -> None:

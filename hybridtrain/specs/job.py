@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hybridtrain.errors import Problem
 from hybridtrain.specs.config_file import load_model, validate_data
+from hybridtrain.specs.federation import TrainingModeSpec
 from hybridtrain.specs.sites import NAME_RE, SitesCatalog
 
 API_VERSION = "hybridtrain/v1"
@@ -46,8 +47,8 @@ class ColumnType(StrEnum):
 NUMERIC_TYPES = {ColumnType.int, ColumnType.float, ColumnType.bool}
 
 
-class DatasetRef(Strict):
-    """A DVC-tracked dataset pinned to one content version."""
+class SiteDataset(Strict):
+    """A DVC-tracked dataset pinned to one content version, at the site that holds it."""
 
     path: str = Field(description="DVC-tracked path relative to the workspace root, e.g. data/raw/churn.csv.")
     md5: str = Field(pattern=MD5_RE, description="Pinned DVC content hash (the md5 in the .dvc file).")
@@ -67,6 +68,16 @@ class DatasetRef(Strict):
         if v.startswith("/") or ".." in Path(v).parts:
             raise ValueError("must be a path inside the workspace, relative to its root (no '/' or '..')")
         return v
+
+
+class DatasetRef(SiteDataset):
+    """The job's dataset: one pinned DVC version at one site, plus the other sites' parts when it is split."""
+
+    sites: list[SiteDataset] = Field(
+        default_factory=list,
+        description="More parts of the data, each a pinned DVC version at its own site (federated training: "
+        "raw data never leaves its site). The top-level path/md5/site is the first part.",
+    )
 
 
 class DataSchema(Strict):
@@ -349,6 +360,8 @@ class JobSpec(Strict):
     registry: RegistrySpec
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
     promotion: PromotionSpec = Field(default_factory=PromotionSpec)
+    training: TrainingModeSpec = Field(
+        default_factory=TrainingModeSpec, description="Centralized or federated training (hybridtrain.federated).")
 
     @field_validator("deadline", mode="before")
     @classmethod
@@ -382,13 +395,36 @@ class JobSpec(Strict):
         return self.deadline
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-compatible form with the YAML field names (round-trips through ``parse_spec``)."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=False)
+        """JSON-compatible form with the YAML field names (round-trips through ``parse_spec``).
+
+        ``training`` and ``dataset.sites`` appear only when set, so a single-site job keeps the
+        spec hash it had before federated training existed."""
+        data = self.model_dump(mode="json", by_alias=True, exclude_none=False)
+        if not self.dataset.sites:
+            data["dataset"].pop("sites")
+        if self.training == TrainingModeSpec():
+            data.pop("training")
+        return data
 
     def spec_hash(self) -> str:
         """SHA-256 of the canonical JSON form: the identity of *what* was asked for."""
         canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def site_datasets(self) -> list[SiteDataset]:
+        """Every part of the data, one per site, the top-level one first."""
+        d = self.dataset
+        return [SiteDataset(path=d.path, md5=d.md5, site=d.site, format=d.format), *d.sites]
+
+    def for_site(self, site: str) -> JobSpec:
+        """This job as seen by one data site in federated training: its own part as the only dataset,
+        named ``<job>-<site>`` so its curated and approved versions have paths of their own."""
+        part = next((d for d in self.site_datasets() if d.site == site), None)
+        if part is None:
+            raise KeyError(f"site {site!r} holds no part of job {self.name}'s data")
+        dataset = DatasetRef(path=part.path, md5=part.md5, site=part.site, format=part.format)
+        metadata = self.metadata.model_copy(update={"name": f"{self.name}-{site}"[:63].rstrip("-")})
+        return self.model_copy(update={"dataset": dataset, "metadata": metadata})
 
     def treatment_of(self, column: str) -> Treatment | None:
         c = self.sensitive.columns.get(column)
@@ -503,6 +539,9 @@ def check_semantics(spec: JobSpec, sites: SitesCatalog | None = None) -> list[Pr
         p.append(Problem("resources.gpu_type", "set resources.gpus >= 1 when asking for a GPU type"))
 
     p += _promotion_problems(spec, sites)
+    from hybridtrain.federated.spec_checks import federation_problems  # it imports this module
+
+    p += federation_problems(spec, sites)
 
     if sites is not None:
         if spec.dataset.site not in sites.names:
