@@ -73,11 +73,17 @@ def fed_pools(prefect_server, pseudonym_key, tmp_path_factory):
 
 
 def run_cli(env_root: Path, api: str, *args: str) -> subprocess.Popen:
+    """``hybridtrain run ... --dispatch pools`` in its own process group; its output goes to a file
+    (``proc.log``): a pipe nobody reads would fill up and stop it."""
     env = {**os.environ, "PREFECT_API_URL": api, "HYBRIDTRAIN_HOME": str(env_root),
            "PREFECT_LOGGING_EXTRA_LOGGERS": "hybridtrain"}
-    return subprocess.Popen([sys.executable, "-m", "hybridtrain.cli.main", "run", *args, "--dispatch", "pools"],
-                            cwd=env_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    log = env_root.parent / f"run-{time.time_ns()}.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "hybridtrain.cli.main", "run", *args, "--dispatch", "pools"],
+                                cwd=env_root, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    proc.log = log
+    return proc
 
 
 def round_store(root: Path, job: str, run_key: str):
@@ -96,7 +102,7 @@ def wait_for(what: str, check, proc: subprocess.Popen | None = None, timeout_s: 
         if value:
             return value
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the run ended before {what}: {proc.stdout.read()[-4000:]}")
+            raise AssertionError(f"the run ended before {what}: {proc.log.read_text()[-4000:]}")
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -111,7 +117,8 @@ def flow_run(name: str):
 
 
 def finish(proc: subprocess.Popen) -> str:
-    out, _ = proc.communicate(timeout=TIMEOUT_S)
+    proc.wait(timeout=TIMEOUT_S)
+    out = proc.log.read_text()
     assert proc.returncode == 0, out[-6000:]
     return out
 
