@@ -1,7 +1,9 @@
 """Lifecycle flow: preprocess → anonymize → sync → train → evaluate → promote, for one job spec.
 
 Data stages run in the work pool of the site holding the data, training in the pool of the
-placed site (see ``orchestration.dispatch``); promotion runs here, at the control plane.
+placed site (see ``orchestration.dispatch``); promotion runs here, at the control plane. A job whose data
+is split across sites, or that asks for it, is handed to ``flows.federated`` when its training
+mode comes out federated (it then returns a ``FederatedSummary``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from prefect.input import RunInput
 from pydantic import Field
 
 from flows.data import Prepared, prepare_data, sync_data
+from flows.federated import run_federated
 from flows.supervise import train_with_recovery
 from hybridtrain import stages
 from hybridtrain.placement.policy import Policy
@@ -27,6 +30,7 @@ from orchestration.context import run_workspace
 from orchestration.dispatch import Mode, run_stage
 from orchestration.progress import bind_progress
 from tasks.burst import Relocation
+from tasks.federated import training_mode
 from tasks.placement import place
 from tasks.tracking import close_run, open_run, promote, record_data
 
@@ -95,6 +99,11 @@ def lifecycle(
     limit_s = job.resources.max_hours * 3600 + QUEUE_ALLOWANCE_S
     data_site = job.dataset.site
     try:
+        if len(job.site_datasets()) > 1 or job.training.mode == "federated":
+            mode = training_mode(ws, job)  # auto may still say centralized (one site)
+            if mode.federated:
+                return run_federated(ws, job, mode, run_id, run_key or flow_run_id or run_id, dispatch, flow_run_id,
+                                     f"prefect flow run {flow_run_id}" if flow_run_id else "hybridtrain")
         prepared = run_stage(prepare_data, Prepared, site=data_site, params={"spec": job, "run_id": run_id},
                              ws=ws, run_id=run_id, mode=dispatch, timeout_s=limit_s)
         prep, anon = prepared.prep, prepared.anon

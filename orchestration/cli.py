@@ -113,6 +113,9 @@ def run(
         summary = _run_lifecycle(ws, spec, run_key, dispatch)
     except HybridtrainError as exc:
         fail(exc)
+    if hasattr(summary, "rounds"):  # a federated lifecycle (flows.federated.FederatedSummary)
+        console.print(summary.to_markdown(), highlight=False, markup=False)
+        return
     print_summary(summary, ws)
 
 

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from hybridtrain.cli import federated as cli_federated
 from hybridtrain.cli import governance as cli_governance
 from hybridtrain.cli import placement as cli_placement
 from hybridtrain.cli import service as cli_service
@@ -305,6 +306,7 @@ cli_placement.register(app)
 cli_governance.register(app)
 cli_service.register(app)
 cli_serving.register(app)
+cli_federated.register(app)
 
 
 def main() -> None:

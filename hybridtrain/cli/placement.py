@@ -77,6 +77,27 @@ def fail(exc: HybridtrainError) -> typer.Exit:
     return typer.Exit(exc.exit_code)
 
 
+def print_federated(job: str, mode, as_json: bool) -> None:
+    """The plan of a federated job: why federated, where each part trains, where updates go."""
+    if as_json:
+        console.print_json(json.dumps({"mode": mode.mode, "data_sites": list(mode.data_sites),
+                                       "aggregation_site": mode.aggregation_site, "reasons": mode.reasons,
+                                       "centralized_rejections": mode.centralized_rejections}))
+        return
+    console.print(f"[bold]{job}[/bold] → [bold green]federated[/bold green] across {', '.join(mode.data_sites)}; "
+                  f"aggregation at [bold]{mode.aggregation_site}[/bold]")
+    console.print("\n[bold]Why[/bold]")
+    for reason in mode.reasons:
+        console.print(f"  • {reason}", highlight=False, markup=False)
+    if mode.centralized_rejections:
+        console.print("\n[bold]Centralized training refused[/bold] (every site, the rule that refused it)")
+        for site, why in mode.centralized_rejections.items():
+            console.print(f"  • {site}: {why}", highlight=False, markup=False)
+    console.print("\nEach data site prepares and trains on its own part in its own work pool; only model weights "
+                  "and feature statistics leave a site.", highlight=False)
+    console.print("[dim]Nothing was submitted: plan has no side effects.[/dim]")
+
+
 def plan(
     spec: Annotated[Path, typer.Argument(help="Job spec (YAML).")],
     sites_path: Annotated[Path, typer.Option("--sites", help="Sites catalog.")] = Path("deployments/sites.yaml"),
@@ -97,6 +118,14 @@ def plan(
         t = to_epoch(datetime.fromisoformat(now.replace("Z", "+00:00"))) if now else datetime.now(UTC).timestamp()
         queues = {q.site: q for q in (parse_queue(x, sites) for x in queue or [])}
         outlooks = dict(parse_spot(x, sites) for x in spot or [])
+        mode = None
+        if len(job.site_datasets()) > 1 or job.training.mode == "federated":
+            from hybridtrain.federated.planning import decide_mode
+
+            mode = decide_mode(job, sites, policy, t)
+        if mode is not None and mode.federated:
+            print_federated(job.name, mode, as_json)
+            return
         request = request_from_spec(job, dataset_bytes=dataset_bytes, now=t, run_hours=run_hours)
         decision = Placement(sites, policy).decide(request, now=t, queues=queues, spot=outlooks, strategy=strategy)
     except HybridtrainError as exc:

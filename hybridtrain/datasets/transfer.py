@@ -4,11 +4,13 @@ Every movement of data between sites goes through ``DataMover``, which refuses w
 leave (only ``approved`` data leaves its site), moves only what the destination lacks, and
 returns a ``TransferRecord``: source, destination, what, bytes, files, seconds and the egress
 price that applied. Records are attached to the run (MLflow tags, Prefect artifact) and feed
-the cost ledger.
+the cost ledger. The model bytes of federated training (updates, global weights, feature
+statistics) cross through ``ModelMover`` and leave the same records.
 """
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
@@ -16,6 +18,7 @@ from pydantic import BaseModel, Field
 from hybridtrain.datasets.dvc_repo import DatasetVersion, DvcRepo
 from hybridtrain.errors import Problem, SpecError
 from hybridtrain.specs.sites import Site
+from hybridtrain.storage.object_store import ObjectStore
 
 GB = 1_000_000_000
 
@@ -86,3 +89,36 @@ class DataMover:
             cost_usd=egress_cost(result.bytes, source),
         )
         return version.at(destination.name), record
+
+
+class ModelMover:
+    """Moves model bytes — federated updates, global weights, feature statistics — between site stores, counting every byte.
+
+    The model counterpart of ``DataMover``: the caller checks the policy for the route first (an
+    update is derived from its site's approved data and gets the same check), and every crossing
+    returns a ``TransferRecord`` for the run's ledger. Within one site nothing is recorded.
+    """
+
+    @staticmethod
+    def send(data: bytes, store: ObjectStore, key: str, source: Site, destination: Site,
+             what: str) -> TransferRecord | None:
+        """Write ``data`` to ``destination``'s ``store`` under ``key``."""
+        started = time.perf_counter()
+        store.put_bytes(key, data)
+        return ModelMover._record(len(data), source, destination, what, time.perf_counter() - started)
+
+    @staticmethod
+    def fetch(store: ObjectStore, key: str, source: Site, destination: Site,
+              what: str) -> tuple[bytes, TransferRecord | None]:
+        """Read ``key`` from ``source``'s ``store`` into ``destination`` (this process, at that site)."""
+        started = time.perf_counter()
+        data = store.get_bytes(key)
+        return data, ModelMover._record(len(data), source, destination, what, time.perf_counter() - started)
+
+    @staticmethod
+    def _record(nbytes: int, source: Site, destination: Site, what: str, seconds: float) -> TransferRecord | None:
+        if source.name == destination.name:
+            return None
+        return TransferRecord(source=source.name, destination=destination.name, what=what, bytes=nbytes, files=1,
+                              seconds=seconds, egress_per_gb=source.egress_per_gb,
+                              cost_usd=egress_cost(nbytes, source))

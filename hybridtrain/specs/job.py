@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hybridtrain.errors import Problem
 from hybridtrain.specs.config_file import load_model, validate_data
+from hybridtrain.specs.federation import TrainingModeSpec
 from hybridtrain.specs.sites import NAME_RE, SitesCatalog
+from hybridtrain.specs.federation_checks import federation_problems
 from hybridtrain.specs.sweep import SweepSpec, sweep_problems
 
 API_VERSION = "hybridtrain/v1"
@@ -53,8 +55,8 @@ NUMERIC_TYPES = {ColumnType.int, ColumnType.float, ColumnType.bool}
 TEXT_TYPES = {ColumnType.string, ColumnType.category, ColumnType.email}
 
 
-class DatasetRef(Strict):
-    """A DVC-tracked dataset pinned to one content version."""
+class SiteDataset(Strict):
+    """A DVC-tracked dataset pinned to one content version, at the site that holds it."""
 
     path: str = Field(description="DVC-tracked path relative to the workspace root, e.g. data/raw/churn.csv.")
     md5: str = Field(pattern=MD5_RE, description="Pinned DVC content hash (the md5 in the .dvc file).")
@@ -74,6 +76,16 @@ class DatasetRef(Strict):
         if v.startswith("/") or ".." in Path(v).parts:
             raise ValueError("must be a path inside the workspace, relative to its root (no '/' or '..')")
         return v
+
+
+class DatasetRef(SiteDataset):
+    """The job's dataset: one pinned DVC version at one site, plus the other sites' parts when it is split."""
+
+    sites: list[SiteDataset] = Field(
+        default_factory=list,
+        description="More parts of the data, each a pinned DVC version at its own site (federated training: "
+        "raw data never leaves its site). The top-level path/md5/site is the first part.",
+    )
 
 
 class DataSchema(Strict):
@@ -390,6 +402,8 @@ class JobSpec(Strict):
     promotion: PromotionSpec = Field(default_factory=PromotionSpec)
     sweep: SweepSpec | None = Field(
         None, description="Hyperparameter sweep over model (run with `hybridtrain sweep`); ignored by `hybridtrain run`.")
+    training: TrainingModeSpec = Field(
+        default_factory=TrainingModeSpec, description="Centralized or federated training (hybridtrain.federated).")
 
     @field_validator("deadline", mode="before")
     @classmethod
@@ -429,17 +443,38 @@ class JobSpec(Strict):
         return self.deadline
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-compatible form with the YAML field names (round-trips through ``parse_spec``). A spec without
-        a sweep leaves the key out, so its hash is what it was before sweeps existed."""
+        """JSON-compatible form with the YAML field names (round-trips through ``parse_spec``).
+
+        ``sweep``, ``training`` and ``dataset.sites`` appear only when set, so a job without them keeps
+        the spec hash it had before sweeps and federated training existed."""
         data = self.model_dump(mode="json", by_alias=True, exclude_none=False)
         if data.get("sweep") is None:
             data.pop("sweep", None)
+        if not self.dataset.sites:
+            data["dataset"].pop("sites")
+        if self.training == TrainingModeSpec():
+            data.pop("training")
         return data
 
     def spec_hash(self) -> str:
         """SHA-256 of the canonical JSON form: the identity of *what* was asked for."""
         canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def site_datasets(self) -> list[SiteDataset]:
+        """Every part of the data, one per site, the top-level one first."""
+        d = self.dataset
+        return [SiteDataset(path=d.path, md5=d.md5, site=d.site, format=d.format), *d.sites]
+
+    def for_site(self, site: str) -> JobSpec:
+        """This job as seen by one data site in federated training: its own part as the only dataset,
+        named ``<job>-<site>`` so its curated and approved versions have paths of their own."""
+        part = next((d for d in self.site_datasets() if d.site == site), None)
+        if part is None:
+            raise KeyError(f"site {site!r} holds no part of job {self.name}'s data")
+        dataset = DatasetRef(path=part.path, md5=part.md5, site=part.site, format=part.format)
+        metadata = self.metadata.model_copy(update={"name": f"{self.name}-{site}"[:63].rstrip("-")})
+        return self.model_copy(update={"dataset": dataset, "metadata": metadata})
 
     def treatment_of(self, column: str) -> Treatment | None:
         c = self.sensitive.columns.get(column)
@@ -556,6 +591,7 @@ def check_semantics(spec: JobSpec, sites: SitesCatalog | None = None) -> list[Pr
 
     if spec.sweep is not None:
         p += sweep_problems(spec.sweep, spec.model)
+    p += federation_problems(spec, sites)
 
     if sites is not None:
         if spec.dataset.site not in sites.names:

@@ -1,0 +1,193 @@
+"""Federated flows: each round's site steps as flow runs in the data sites' work pools, the aggregation at the control plane.
+
+A federated lifecycle (``flows.lifecycle`` hands over when ``plan`` picks federated) prepares
+every data site's part where it lies (``federated-prepare``: preprocess, anonymize, leak scan,
+feature statistics), then runs ``training.federated.rounds`` rounds: one ``federated-round``
+flow run per data site in that site's pool (local epochs from the global weights, the update
+sent through ``ModelMover``), aggregated by ``hybridtrain.federated.coordinator`` here; last,
+``federated-evaluate`` measures the global model on each site's test split, and the version is
+registered and promoted through the usual gates. A site's step that fails, or has not finished
+``round_timeout_s`` after it was submitted (its worker died), drops that site from the step —
+its flow run is cancelled, so a worker that comes back does not run a stale round — and the
+site is asked again next round. Why not Flower: see README ("Federated training").
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from prefect import Flow, flow
+from prefect.artifacts import create_markdown_artifact
+from prefect.client.orchestration import get_client
+from prefect.deployments import run_deployment
+from prefect.states import Cancelled
+from pydantic import BaseModel
+
+from blocks.register import release_key_pem
+from hybridtrain import stages
+from hybridtrain.datasets.dvc_repo import DatasetVersion
+from hybridtrain.errors import HybridtrainError
+from hybridtrain.federated import site as steps
+from hybridtrain.federated.coordinator import FederationOutcome, run_federation
+from hybridtrain.federated.planning import ModeDecision
+from hybridtrain.federated.registration import log_round, register_and_promote
+from hybridtrain.specs.job import JobSpec
+from hybridtrain.tracking.model_registry import Registry
+from hybridtrain.workspace import Workspace
+from orchestration.context import run_workspace
+from orchestration.dispatch import Mode, deployment_name, has_deployment
+from tasks.federated import evaluate_site, prepare_site, train_round
+
+R = TypeVar("R", bound=BaseModel)
+POLL_S = 1.0
+
+
+@flow(name="federated-prepare", flow_run_name="fed-prepare-{site}", log_prints=True)
+def federated_prepare(spec: JobSpec, site: str, run_id: str, run_key: str, aggregation_site: str, tag: str,
+                      workspace: str | None = None) -> steps.SitePrepared:
+    """Raw → approved at ``site`` (its own part; raw never leaves), then its feature statistics out."""
+    ws = run_workspace(workspace)
+    out = prepare_site(ws, spec, site, run_key, aggregation_site)
+    stages.save_result(ws, run_id, tag, out)
+    return out
+
+
+@flow(name="federated-round", flow_run_name="fed-round-{rnd}-{site}", log_prints=True)
+def federated_round(spec: JobSpec, site: str, run_id: str, run_key: str, rnd: int, approved: DatasetVersion,
+                    featurizer: dict, aggregation_site: str, tag: str,
+                    workspace: str | None = None) -> steps.SiteUpdate:
+    """Round ``rnd`` at ``site``: global weights in, local epochs, the update out."""
+    ws = run_workspace(workspace)
+    out = train_round(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site)
+    stages.save_result(ws, run_id, tag, out)
+    return out
+
+
+@flow(name="federated-evaluate", flow_run_name="fed-evaluate-{site}", log_prints=True)
+def federated_evaluate(spec: JobSpec, site: str, run_id: str, run_key: str, rnd: int, approved: DatasetVersion,
+                       featurizer: dict, aggregation_site: str, tag: str,
+                       workspace: str | None = None) -> steps.SiteEvaluation:
+    """The final global model on ``site``'s test split; only the metrics leave."""
+    ws = run_workspace(workspace)
+    out = evaluate_site(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site)
+    stages.save_result(ws, run_id, tag, out)
+    return out
+
+
+class PoolSites:
+    """The coordinator's dispatcher: each site's step in its own pool, all sites at once, each within the timeout.
+
+    ``inline`` runs the steps here, one after another; ``auto`` uses a site's pool when the step's
+    deployment for it exists (``make deploy``), else runs that site's step here.
+    """
+
+    def __init__(self, ws: Workspace, spec: JobSpec, run_id: str, run_key: str, aggregation_site: str, mode: Mode,
+                 attempt: str):
+        self.ws, self.spec, self.run_id, self.run_key, self.agg = ws, spec, run_id, run_key, aggregation_site
+        self.mode, self.attempt = mode, attempt
+        self.timeout_s = spec.training.federated.round_timeout_s
+
+    def _one(self, step: Flow, result: type[R], site: str, tag: str, params: dict[str, Any]) -> R | str:
+        params = {"spec": self.spec, "site": site, "run_id": self.run_id, "run_key": self.run_key,
+                  "aggregation_site": self.agg, "tag": tag, **params}
+        pool = self.ws.load_sites().get(site).work_pool
+        name = deployment_name(step, pool)
+        try:
+            if self.mode == "inline" or (self.mode == "auto" and not has_deployment(name)):
+                return step.fn(**params, workspace=str(self.ws.root))
+            payload = {k: v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v
+                       for k, v in params.items()}
+            run = run_deployment(name, parameters=payload, timeout=self.timeout_s, poll_interval=POLL_S,
+                                 idempotency_key=f"{self.attempt}:{tag}", as_subflow=False)
+        except HybridtrainError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        state = run.state
+        if state is None or not state.is_final():
+            with get_client(sync_client=True) as client:  # a worker that comes back must not run a stale step
+                client.set_flow_run_state(run.id, Cancelled(message="dropped from the federated round"), force=True)
+            return (f"no report within {self.timeout_s:.0f} s (flow run {run.id} was "
+                    f"{state.name if state else 'unknown'}; is a worker of pool {pool!r} alive?)")
+        if not state.is_completed():
+            return f"flow run {run.id} ended {state.name}: {state.message or ''}".strip()
+        return stages.load_result(self.ws, self.run_id, tag, result)
+
+    def _each(self, step: Flow, result: type[R], sites: list[str], tag: str,
+              params: dict[str, dict[str, Any]]) -> dict[str, R | str]:
+        if self.mode == "inline":
+            return {s: self._one(step, result, s, f"{tag}-{s}", params.get(s, {})) for s in sites}
+        with ThreadPoolExecutor(max_workers=max(1, len(sites))) as pool:
+            futures = {s: pool.submit(self._one, step, result, s, f"{tag}-{s}", params.get(s, {})) for s in sites}
+            return {s: f.result() for s, f in futures.items()}
+
+    def prepare(self, sites: list[str]) -> dict[str, steps.SitePrepared | str]:
+        return self._each(federated_prepare, steps.SitePrepared, sites, f"fed-prepare-{time.time_ns()}", {})
+
+    def train(self, rnd: int, approved: dict[str, DatasetVersion],
+              featurizer: dict) -> dict[str, steps.SiteUpdate | str]:
+        params = {s: {"rnd": rnd, "approved": v, "featurizer": featurizer} for s, v in approved.items()}
+        return self._each(federated_round, steps.SiteUpdate, sorted(approved), f"fed-round-{rnd}", params)
+
+    def evaluate(self, rnd: int, approved: dict[str, DatasetVersion],
+                 featurizer: dict) -> dict[str, steps.SiteEvaluation | str]:
+        params = {s: {"rnd": rnd, "approved": v, "featurizer": featurizer} for s, v in approved.items()}
+        return self._each(federated_evaluate, steps.SiteEvaluation, sorted(approved), "fed-evaluate", params)
+
+
+class FederatedSummary(BaseModel):
+    """What a federated lifecycle did: mode decision, rounds, metrics, the version, what crossed sites."""
+
+    job: str
+    flow_run_id: str | None
+    mlflow_run_id: str
+    run_key: str
+    mode: dict[str, Any]
+    rounds: list[dict[str, Any]]
+    metrics: dict[str, float]
+    model_name: str
+    model_version: str
+    promoted: bool
+    gates: dict[str, str]
+    cost_usd: float
+    bytes_crossed: int
+    resumed_after_round: int | None
+
+    def to_markdown(self) -> str:
+        lines = [f"# Federated training of **{self.job}** (run key {self.run_key})", ""]
+        lines += [f"- {r}" for r in self.mode.get("reasons", [])]
+        lines += ["", "| round | participants | dropped | global val auc |", "|---|---|---|---|"]
+        for r in self.rounds:
+            lines.append(f"| {r['round']} | {', '.join(r['participants'])} | "
+                         f"{'; '.join(f'{s}: {w}' for s, w in r['dropped'].items())[:200]} | "
+                         f"{r['global_metrics'].get('val_auc', float('nan')):.4f} |")
+        lines += ["", f"Test metrics (row-weighted over the sites): "
+                      + ", ".join(f"{k} {v:.4f}" for k, v in self.metrics.items() if k != "n"),
+                  f"Model {self.model_name} v{self.model_version}: {'promoted' if self.promoted else 'not promoted'}; "
+                  f"cost ${self.cost_usd:.4f}; {self.bytes_crossed:,} bytes crossed site boundaries (model bytes only)"]
+        lines += [f"- gate {k}: {v}" for k, v in self.gates.items()]
+        return "\n".join(lines)
+
+
+def run_federated(ws: Workspace, job: JobSpec, decision: ModeDecision, run_id: str, run_key: str, dispatch: Mode,
+                  flow_run_id: str | None, actor: str) -> FederatedSummary:
+    """The federated lifecycle inside the calling flow run (``lifecycle`` hands over to it)."""
+    started = time.perf_counter()
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    agg = decision.aggregation_site
+    registry.set_tags(run_id, {"hybridtrain.training.mode": "federated", "hybridtrain.federated.run_key": run_key})
+    sites = PoolSites(ws, job, run_id, run_key, agg, dispatch, attempt=flow_run_id or run_id)
+    outcome: FederationOutcome = run_federation(ws, job, run_key, agg, sites,
+                                                on_round=lambda r: log_round(registry, run_id, r))
+    promoted = register_and_promote(ws, job, run_id, run_key, outcome, agg, release_key_pem(ws.release_key_block),
+                                    actor, started, flow_run_id)
+    summary = FederatedSummary(
+        job=job.name, flow_run_id=flow_run_id, mlflow_run_id=run_id, run_key=run_key,
+        mode={"mode": decision.mode, "reasons": decision.reasons, "aggregation_site": agg},
+        rounds=[r.model_dump(mode="json", include={"round", "participants", "dropped", "global_metrics", "rows"})
+                for r in outcome.state.rounds],
+        metrics=outcome.metrics, model_name=promoted.model_name, model_version=promoted.version,
+        promoted=promoted.promoted, gates=promoted.gates, cost_usd=promoted.cost_usd,
+        bytes_crossed=sum(t.bytes for t in outcome.transfers), resumed_after_round=outcome.resumed_after_round)
+    create_markdown_artifact(summary.to_markdown(), key=f"federated-{job.name}", description="Federated lifecycle")
+    return summary

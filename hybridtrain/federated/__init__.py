@@ -1,0 +1,9 @@
+"""Federated: training that goes to the data — per-site local rounds, aggregation, round state and checkpoints.
+
+The core of federated training, Prefect-free: ``planning`` (centralized or federated, and why),
+``features`` (one featurizer from every site's statistics), ``local`` (a site's local epochs from
+the global weights), ``aggregation`` (FedAvg / FedProx), ``rounds`` (round state, the global
+model's checkpoints, resume) and ``site`` (what runs at a data site: prepare, train a round,
+send the update through ``hybridtrain.datasets.transfer``). ``flows/federated.py`` dispatches
+the site steps to the sites' work pools.
+"""

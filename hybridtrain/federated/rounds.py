@@ -1,0 +1,105 @@
+"""FederationState: where a federated run stands — the global featurizer, every finished round — and its checkpoints.
+
+The aggregator keeps one series per run under ``federated/<job>/<run_key>/`` in the aggregation
+site's store: ``global/round-NNNN.pt`` (the global weights after round N; round 0 is the
+initialization) and ``state.json``. A round is committed by writing its weights, then the state
+that names it, so a crash between the two leaves the previous round current: ``resume`` picks
+up the last committed round and the run goes on from the next. Sites write their updates to
+``updates/round-NNNN/<site>.pt`` beside them (through ``ModelMover``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+from hybridtrain.datasets.transfer import TransferRecord
+from hybridtrain.storage.object_store import ObjectStore
+
+
+class RoundRecord(BaseModel):
+    """One finished round: who took part, who dropped out and why, and what was measured."""
+
+    round: int
+    participants: list[str]
+    dropped: dict[str, str] = Field(default_factory=dict, description="Site -> why it is not in this round.")
+    rows: dict[str, int] = Field(default_factory=dict)
+    site_metrics: dict[str, dict[str, float]] = Field(default_factory=dict)
+    global_metrics: dict[str, float] = Field(
+        default_factory=dict, description="The incoming global model on the participants' val splits (row-weighted).")
+    epsilon: dict[str, float] = Field(default_factory=dict, description="DP epsilon spent per site so far.")
+    site_seconds: dict[str, float] = Field(default_factory=dict, description="Wall seconds of each site's round.")
+    transfers: list[TransferRecord] = Field(default_factory=list, description="Every crossing of the round.")
+    seconds: float = 0.0
+    global_sha256: str = ""
+
+
+class FederationState(BaseModel):
+    """The committed state of a federated run."""
+
+    job: str
+    run_key: str
+    featurizer: dict[str, Any]
+    feature_rows: dict[str, int] = Field(default_factory=dict)
+    prepared: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Site -> its SitePrepared (approved version, reports, crossings).")
+    rounds: list[RoundRecord] = Field(default_factory=list)
+    initial_sha256: str = ""
+
+    @property
+    def completed(self) -> int:
+        return len(self.rounds)
+
+
+def state_bytes(state: dict[str, torch.Tensor]) -> bytes:
+    buf = io.BytesIO()
+    torch.save({k: v.detach().cpu() for k, v in state.items()}, buf)
+    return buf.getvalue()
+
+
+def load_state(data: bytes) -> dict[str, torch.Tensor]:
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+class RoundStore:
+    """The run's series in the aggregation site's store: global weights per round, updates, state."""
+
+    def __init__(self, store: ObjectStore, job: str, run_key: str):
+        self.store = store
+        self.prefix = f"federated/{job}/{run_key}"
+
+    def global_key(self, rnd: int) -> str:
+        return f"{self.prefix}/global/round-{rnd:04d}.pt"
+
+    def update_key(self, rnd: int, site: str) -> str:
+        return f"{self.prefix}/updates/round-{rnd:04d}/{site}.pt"
+
+    def stats_key(self, site: str) -> str:
+        return f"{self.prefix}/features/{site}.json"
+
+    def save_global(self, rnd: int, state: dict[str, torch.Tensor]) -> str:
+        data = state_bytes(state)
+        self.store.put_bytes(self.global_key(rnd), data)
+        return hashlib.sha256(data).hexdigest()
+
+    def load_global(self, rnd: int) -> dict[str, torch.Tensor]:
+        return load_state(self.store.get_bytes(self.global_key(rnd)))
+
+    def load_global_update(self, rnd: int, site: str) -> dict[str, torch.Tensor]:
+        """``site``'s update of round ``rnd``, as it arrived in this store."""
+        return load_state(self.store.get_bytes(self.update_key(rnd, site)))
+
+    def commit(self, state: FederationState) -> None:
+        self.store.put_bytes(f"{self.prefix}/state.json", state.model_dump_json(indent=1).encode())
+
+    def resume(self) -> FederationState | None:
+        """The last committed state, or None for a new run."""
+        key = f"{self.prefix}/state.json"
+        if not self.store.exists(key):
+            return None
+        return FederationState.model_validate(json.loads(self.store.get_bytes(key)))

@@ -1,0 +1,176 @@
+"""SiteSteps: what runs at one data site in federated training — prepare its part, train a round, evaluate the global model.
+
+Raw data never leaves the site: ``prepare`` runs the same preprocessing, anonymization
+(k-anonymity) and leak scan as a centralized lifecycle, on the site's own part, and trains
+only on the approved result. What leaves is what ``ModelMover`` records: the featurizer
+statistics once, each round's weights, and the global model coming in. Before anything is sent
+the policy is asked whether this site's update may go to the aggregation site (the same check
+as for its data); every crossing is written to the audit log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pandas as pd
+from pydantic import BaseModel, Field
+
+from hybridtrain import stages
+from hybridtrain.datasets import partitioned
+from hybridtrain.datasets.dvc_repo import DatasetVersion
+from hybridtrain.datasets.transfer import ModelMover, TransferRecord
+from hybridtrain.errors import Problem, SpecError
+from hybridtrain.federated.features import SiteFeatureStats
+from hybridtrain.federated.local import evaluate_state, train_local
+from hybridtrain.federated.rounds import RoundStore, load_state, state_bytes
+from hybridtrain.specs.job import JobSpec
+from hybridtrain.training.featurizer import Featurizer
+from hybridtrain.workspace import Workspace
+
+
+class SitePrepared(BaseModel):
+    """A site's part, preprocessed and approved at the site, and the feature statistics it sent."""
+
+    site: str
+    prep: stages.PreprocessResult
+    anon: stages.AnonymizeResult
+    stats: SiteFeatureStats
+    transfers: list[TransferRecord] = Field(default_factory=list)
+    seconds: float
+
+
+class SiteUpdate(BaseModel):
+    """One site's round: the update it sent and what it measured."""
+
+    site: str
+    round: int
+    rows: int
+    metrics: dict[str, float]
+    epsilon: float | None = None
+    update_sha256: str
+    transfers: list[TransferRecord] = Field(default_factory=list)
+    seconds: float
+
+
+class SiteEvaluation(BaseModel):
+    """The final global model measured on a site's own test split."""
+
+    site: str
+    metrics: dict[str, float]
+    champion_metrics: dict[str, float] | None = Field(None, description="The current champion on the same rows.")
+    transfers: list[TransferRecord] = Field(default_factory=list)
+    seconds: float
+
+
+def _approved_splits(ws: Workspace, approved: DatasetVersion, site: str, splits: list[str]) -> pd.DataFrame:
+    sites = ws.load_sites()
+    return partitioned.read(stages.dataset_at(ws, sites, approved, site, site), splits)
+
+
+def check_route(ws: Workspace, spec: JobSpec, site: str, aggregation_site: str) -> None:
+    """Refuse to send ``site``'s model bytes to an aggregation site the policy does not allow for its data."""
+    from datetime import UTC, datetime
+
+    from hybridtrain.federated.planning import update_route_rejection
+    from hybridtrain.placement.policy import Policy
+
+    sites = ws.load_sites()
+    why = update_route_rejection(Policy.load(ws.policy_file, sites), spec, sites, site, aggregation_site,
+                                 datetime.now(UTC))
+    if why is not None:
+        raise SpecError(f"job {spec.name}", [Problem(
+            "training.federated.aggregation_site", f"the policy does not allow the model update of site {site} at "
+            f"{aggregation_site} ({why}); nothing was sent")])
+
+
+def _cross(ws: Workspace, record: TransferRecord | None, out: list[TransferRecord]) -> None:
+    if record is None:
+        return
+    out.append(record)
+    stages.audit(ws).append(actor=ws.actor, action="sync", subject=record.what, inputs=record.as_row(),
+                            outcome=f"{record.bytes} bytes to {record.destination}")
+
+
+def round_store(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site: str) -> RoundStore:
+    return RoundStore(stages.checkpoint_store(ws, ws.load_sites().get(aggregation_site)), spec.name, run_key)
+
+
+def prepare(ws: Workspace, spec: JobSpec, site: str, key: bytes, run_key: str, aggregation_site: str) -> SitePrepared:
+    """Raw → curated → approved at ``site`` (its part only), then its feature statistics to the aggregator."""
+    started = time.perf_counter()
+    site_spec = spec.for_site(site)
+    prep = stages.preprocess(ws, site_spec)
+    anon = stages.anonymize(ws, site_spec, prep.curated, key)
+    train = _approved_splits(ws, anon.approved, site, ["train"])
+    stats = SiteFeatureStats(site=site, rows=len(train),
+                             featurizer=Featurizer.fit(train, spec.model.features).to_dict())
+    check_route(ws, spec, site, aggregation_site)
+    sites = ws.load_sites()
+    rs = round_store(ws, spec, run_key, aggregation_site)
+    transfers: list[TransferRecord] = []
+    _cross(ws, ModelMover.send(stats.model_dump_json().encode(), rs.store, rs.stats_key(site), sites.get(site),
+                               sites.get(aggregation_site), f"feature statistics of {site} ({spec.name})"), transfers)
+    return SitePrepared(site=site, prep=prep, anon=anon, stats=stats, transfers=transfers,
+                        seconds=time.perf_counter() - started)
+
+
+def _fetch_global(ws: Workspace, rs: RoundStore, rnd: int, site: str, aggregation_site: str,
+                  transfers: list[TransferRecord]) -> dict:
+    sites = ws.load_sites()
+    data, record = ModelMover.fetch(rs.store, rs.global_key(rnd), sites.get(aggregation_site), sites.get(site),
+                                    f"global model round {rnd} ({rs.prefix})")
+    _cross(ws, record, transfers)
+    return load_state(data)
+
+
+def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,
+                featurizer: dict, aggregation_site: str) -> SiteUpdate:
+    """Round ``rnd`` at ``site``: fetch the global model of round ``rnd - 1``, train ``local_epochs``
+    on the approved part, send the new weights to the aggregator."""
+    started = time.perf_counter()
+    fed = spec.training.federated
+    check_route(ws, spec, site, aggregation_site)
+    rs = round_store(ws, spec, run_key, aggregation_site)
+    transfers: list[TransferRecord] = []
+    global_state = _fetch_global(ws, rs, rnd - 1, site, aggregation_site, transfers)
+    train = _approved_splits(ws, approved, site, ["train"])
+    val = _approved_splits(ws, approved, site, ["val"])
+    result = train_local(spec.model, Featurizer.from_dict(featurizer), global_state, train, val,
+                         spec.data_schema.label, site=site, rnd=rnd, epochs=fed.local_epochs,
+                         mu=fed.mu if fed.aggregator == "fedprox" else 0.0, dp=fed.dp,
+                         threads=spec.model.threads or spec.resources.cpus)
+    data = state_bytes(result.state)
+    sites = ws.load_sites()
+    _cross(ws, ModelMover.send(data, rs.store, rs.update_key(rnd, site), sites.get(site), sites.get(aggregation_site),
+                               f"model update round {rnd} of {site} ({rs.prefix})"), transfers)
+    return SiteUpdate(site=site, round=rnd, rows=result.rows, metrics=result.metrics, epsilon=result.epsilon,
+                      update_sha256=hashlib.sha256(data).hexdigest(), transfers=transfers,
+                      seconds=time.perf_counter() - started)
+
+
+def evaluate_global(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,
+                    featurizer: dict, aggregation_site: str) -> SiteEvaluation:
+    """The global model of round ``rnd`` on ``site``'s test split (metrics only leave the site)."""
+    started = time.perf_counter()
+    rs = round_store(ws, spec, run_key, aggregation_site)
+    transfers: list[TransferRecord] = []
+    state = _fetch_global(ws, rs, rnd, site, aggregation_site, transfers)
+    test = _approved_splits(ws, approved, site, ["test"])
+    label = spec.data_schema.label
+    metrics = evaluate_state(spec.model, Featurizer.from_dict(featurizer), state, test, label, "test")
+    return SiteEvaluation(site=site, metrics=metrics, champion_metrics=_champion_metrics(ws, spec, test),
+                          transfers=transfers, seconds=time.perf_counter() - started)
+
+
+def _champion_metrics(ws: Workspace, spec: JobSpec, test: pd.DataFrame) -> dict[str, float] | None:
+    """The registered champion's test metrics on this site's rows (None: no champion yet)."""
+    from hybridtrain.tracking.model_registry import CHAMPION, Registry
+    from hybridtrain.training import evaluation
+
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    champ = registry.by_alias(spec.registry.model_name, CHAMPION)
+    if champ is None:
+        return None
+    model, feat = registry.load(champ.name, champ.version)
+    return evaluation.evaluate(model, Featurizer.from_dict(feat), test, spec.data_schema.label)

@@ -1,0 +1,199 @@
+"""Federated training through real Prefect workers, one per data site's pool, driven by the CLI in its own process.
+
+Three on-prem data sites (``onprem-dc1`` in pool ``onprem``, ``onprem-dc2`` and ``onprem-dc3`` in
+pools of their own), restricted data that may not leave its site (so ``plan`` picks federated),
+the aggregator at ``onprem-dc1``. One test kills a site's worker while its round runs: the round
+goes on without it, records it, and the site rejoins the next round once its worker is back. The
+other kills the aggregator (the ``hybridtrain run`` process) after a round and runs it again with
+the same run key: it resumes after the last committed round.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hybridtrain.drill.processes import stop_with_children
+from tests.federated.conftest import DATA_SITES, build_federated_workspace, federated_spec
+from tests.fixtures.processes import start_worker, wait_for_workers
+from tests.fixtures.workspaces import ROOT
+
+# Worker start-up and fresh flow-run processes take minutes on a loaded 2-core VM.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+POOLS = {"onprem-dc1": "onprem", "onprem-dc2": "onprem-dc2", "onprem-dc3": "onprem-dc3"}
+FLOWS = ("federated_prepare", "federated_round", "federated_evaluate")
+TIMEOUT_S = 900
+# Under load a healthy site's step (a fresh process importing torch, MLflow, DVC) takes a minute or more.
+ROUND_TIMEOUT_S = 200
+
+
+def write_deployments(root: Path) -> None:
+    """The federated stage flows for each data site's pool (and nothing else, to keep `prefect deploy` short)."""
+    path = root / "deployments" / "prefect.yaml"
+    data = yaml.safe_load(path.read_text())
+    template = next(d for d in data["deployments"] if d["entrypoint"] == "flows/federated.py:federated_round")
+    data["deployments"] = [
+        {**template, "name": pool, "entrypoint": f"flows/federated.py:{flow}",
+         "work_pool": {**template["work_pool"], "name": pool}}
+        for pool in POOLS.values() for flow in FLOWS]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def fed_pools(prefect_server, pseudonym_key, tmp_path_factory):
+    from deployments.bootstrap import bootstrap
+    from hybridtrain.workspace import Workspace
+
+    base = tmp_path_factory.mktemp("fedpools")
+    root, parts = build_federated_workspace(base / "ws")
+    for pkg in ("flows", "tasks", "blocks", "workers"):
+        (root / pkg).symlink_to(ROOT / pkg, target_is_directory=True)
+    write_deployments(root)
+    bootstrap(Workspace.resolve(root))
+    workers: dict[str, subprocess.Popen] = {}
+
+    def start(pool: str) -> None:
+        log = base / f"worker-{pool}.log"
+        workers[pool] = start_worker(pool, root, prefect_server, log)
+        wait_for_workers([pool], [workers[pool]], [log])
+
+    for pool in POOLS.values():
+        start(pool)
+    try:
+        yield {"root": root, "parts": parts, "api": prefect_server, "workers": workers, "start": start}
+    finally:
+        stop_with_children(*workers.values())
+
+
+def run_cli(env_root: Path, api: str, *args: str) -> subprocess.Popen:
+    """``hybridtrain run ... --dispatch pools`` in its own process group; its output goes to a file
+    (``proc.log``): a pipe nobody reads would fill up and stop it."""
+    env = {**os.environ, "PREFECT_API_URL": api, "HYBRIDTRAIN_HOME": str(env_root),
+           "PREFECT_LOGGING_EXTRA_LOGGERS": "hybridtrain"}
+    log = env_root.parent / f"run-{time.time_ns()}.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "hybridtrain.cli.main", "run", *args, "--dispatch", "pools"],
+                                cwd=env_root, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    proc.log = log
+    return proc
+
+
+def round_store(root: Path, job: str, run_key: str):
+    from hybridtrain import stages
+    from hybridtrain.federated.rounds import RoundStore
+    from hybridtrain.workspace import Workspace
+
+    ws = Workspace.resolve(root)
+    return RoundStore(stages.checkpoint_store(ws, ws.load_sites().get("onprem-dc1")), job, run_key)
+
+
+def wait_for(what: str, check, proc: subprocess.Popen | None = None, timeout_s: float = TIMEOUT_S):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run ended before {what}: {proc.log.read_text()[-4000:]}")
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def flow_run(name: str):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+    return runs
+
+
+def finish(proc: subprocess.Popen) -> str:
+    proc.wait(timeout=TIMEOUT_S)
+    out = proc.log.read_text()
+    assert proc.returncode == 0, out[-6000:]
+    return out
+
+
+def test_a_killed_site_worker_is_dropped_from_its_round_and_rejoins_the_next(fed_pools):
+    import json
+
+    from hybridtrain.tracking.model_registry import Registry
+    from hybridtrain.workspace import Workspace
+
+    root = fed_pools["root"]
+    spec = federated_spec(root, fed_pools["parts"], name="fedpool", rounds=2, round_timeout_s=ROUND_TIMEOUT_S)
+    rs = round_store(root, "fedpool", "pool1")
+    proc = run_cli(root, fed_pools["api"], str(spec), "--run-key", "pool1")
+    try:
+        # dc3's round 1 is running in its worker's process: the site goes down mid-round.
+        wait_for("dc3's round 1 to run", lambda: any(r.state.is_running() for r in flow_run("fed-round-1-onprem-dc3")),
+                 proc)
+        stop_with_children(fed_pools["workers"]["onprem-dc3"])
+        wait_for("round 1 to finish without dc3", lambda: (s := rs.resume()) is not None and s.completed >= 1, proc)
+        fed_pools["start"]("onprem-dc3")  # the site comes back
+        out = finish(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    state = rs.resume()
+    assert [r.participants for r in state.rounds] == [DATA_SITES[:2], DATA_SITES]
+    assert f"no report within {ROUND_TIMEOUT_S} s" in state.rounds[0].dropped["onprem-dc3"]
+    [stale] = flow_run("fed-round-1-onprem-dc3")
+    assert stale.state.is_cancelled()  # a worker that comes back does not run the stale round
+    # Every site step ran in its own site's pool.
+    for site, pool in POOLS.items():
+        runs = flow_run(f"fed-round-2-{site}")
+        assert [r.work_pool_name for r in runs if r.state.is_completed()] == [pool]
+    assert "Federated training of **fedpool**" in out
+    ws = Workspace.resolve(root)
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    version = registry.versions("fedpool-model")[-1]
+    tags = version.tags
+    assert tags["hybridtrain.federated.rounds"] == "2"
+    assert json.loads(tags["hybridtrain.federated.participants"]) == {"1": DATA_SITES[:2], "2": DATA_SITES}
+    for site, part in zip(DATA_SITES, fed_pools["parts"], strict=True):
+        assert tags[f"hybridtrain.federated.site.{site}.dataset.raw.md5"] == part["md5"]
+    # The ledger charged each site's rounds (dc3's lost one as wasted) and recorded every update crossing.
+    assert float(tags["hybridtrain.cost.gpu_hours"]) > 0 and float(tags["hybridtrain.cost.wasted_gpu_hours"]) > 0
+    record = json.loads(registry.read_text(version.run_id, "ledger/run_record.json"))
+    updates = [t for t in record["transfers"] if t["what"].startswith("model update")]
+    assert {(t["source"], t["destination"]) for t in updates} == {("onprem-dc2", "onprem-dc1"),
+                                                                   ("onprem-dc3", "onprem-dc1")}
+    assert {a["site"] for a in record["attempts"] if a["outcome"] == "failed"} == {"onprem-dc3"}
+
+
+def test_a_killed_aggregator_resumes_after_its_last_round(fed_pools):
+    root = fed_pools["root"]
+    spec = federated_spec(root, fed_pools["parts"], name="fedcrash", rounds=2)
+    rs = round_store(root, "fedcrash", "crash1")
+    proc = run_cli(root, fed_pools["api"], str(spec), "--run-key", "crash1")
+    try:
+        wait_for("round 1 to be committed", lambda: (s := rs.resume()) is not None and s.completed >= 1, proc)
+        os.killpg(proc.pid, signal.SIGKILL)  # the aggregator dies
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert rs.resume().completed == 1
+    again = run_cli(root, fed_pools["api"], str(spec), "--run-key", "crash1")
+    finish(again)
+    state = rs.resume()
+    assert [r.round for r in state.rounds] == [1, 2]
+    assert len(flow_run("fed-round-1-onprem-dc2")) >= 1
+    # Round 1 was not trained again after the crash: one fedcrash round-1 run per site at most
+    # (the fedpool test ran its own), and the resumed run prepared no site again.
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        prepared = [r for r in client.read_flow_runs() if r.name.startswith("fed-prepare-")
+                    and r.parameters.get("spec", {}).get("metadata", {}).get("name") == "fedcrash"]
+    assert len(prepared) == 3
