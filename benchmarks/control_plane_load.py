@@ -251,7 +251,7 @@ def main() -> int:
     done = trainings(root, began)
     dupes = {job: n for job, n in done.items() if n > 1}
     aliases = alias_problems(stack.mlflow_url)
-    verify = subprocess.run([sys.executable, "-m", "hybridtrain.cli.main", "audit", "verify", "--home", str(root)],
+    verify = subprocess.run([sys.executable, "-m", "orchestration.cli", "audit", "verify", "--home", str(root)],
                             capture_output=True, text=True, env={**os.environ, **stack.client_env()})
     lags = scheduled_lags(began)
     waits = [(r.start_time - r.expected_start_time).total_seconds() for r in runs.values()

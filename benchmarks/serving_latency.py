@@ -133,7 +133,7 @@ def main() -> None:
         net, feat = publish(ws_root, args.fit_rows)
         one, batch = records(1, seed=2), records(1000, seed=3)
 
-        proc = subprocess.Popen([sys.executable, "-m", "hybridtrain.cli.main", "serve", "onprem-serving", "--spec",
+        proc = subprocess.Popen([sys.executable, "-m", "orchestration.cli", "serve", "onprem-serving", "--spec",
                                  "jobs/churn.yaml", "--port", "0", "--home", str(ws_root)],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -75,7 +75,7 @@ def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch
                 return lifecycle(spec_path=str(spec_path), spec=job, workspace=str(ws.root), run_key=run_key,
                                  dispatch=dispatch)
         except HybridtrainError as exc:
-            logging.getLogger("hybridtrain.cli.main").error("the run failed: %s", exc, exc_info=exc)
+            logging.getLogger("hybridtrain.cli").error("the run failed: %s", exc, exc_info=exc)
             err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
             err.print(f"(the run's log, with Prefect's traceback: {log.path})", highlight=False, markup=False,
                       soft_wrap=True)

@@ -265,7 +265,7 @@ def start_prefect(stack: Stack) -> None:
 def deploy(stack: Stack) -> None:
     env = {**os.environ, **stack.client_env()}
     env.pop("PREFECT_HOME", None)
-    proc = subprocess.run([sys.executable, "-m", "hybridtrain.cli.main", "deploy", "--home", str(stack.root)],
+    proc = subprocess.run([sys.executable, "-m", "orchestration.cli", "deploy", "--home", str(stack.root)],
                           cwd=stack.root, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"stack: `hybridtrain deploy` failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}"
@@ -294,7 +294,7 @@ def start_workers(stack: Stack) -> None:
 
 def doctor(stack: Stack) -> int:
     env = {**os.environ, **stack.client_env()}
-    return subprocess.run([sys.executable, "-m", "hybridtrain.cli.main", "doctor", "--home", str(stack.root)],
+    return subprocess.run([sys.executable, "-m", "orchestration.cli", "doctor", "--home", str(stack.root)],
                           cwd=stack.root, env=env).returncode
 
 

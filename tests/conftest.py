@@ -11,7 +11,8 @@ import pytest
 from tests.fixtures.workspaces import make_workspace
 
 # Shared fixtures, one plugin per concept (tests/fixtures/); test modules never import each other.
-pytest_plugins = ["tests.fixtures.training_data", "tests.fixtures.placement_cases", "tests.fixtures.gate_cases"]
+pytest_plugins = ["tests.fixtures.training_data", "tests.fixtures.placement_cases", "tests.fixtures.gate_cases",
+                  "tests.fixtures.ssh_job"]
 
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")

@@ -58,6 +58,8 @@ An ``Anonymizer`` does not keep the key as an attribute: it keeps only the two d
 keys, inside an opaque holder whose ``repr`` hides them and which refuses to be pickled (plain
 pickle, cloudpickle) or deep-copied, so the key material cannot leak through ``repr``, ``vars``,
 logs or a persisted task result.
+
+Longer than most modules on purpose: every column treatment and the k-anonymity pass operate on one frame and share its bookkeeping.
 """
 
 from __future__ import annotations

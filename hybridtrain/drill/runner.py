@@ -29,7 +29,7 @@ Scenarios (``SCENARIOS``; ``--scenario NAME``):
 - ``s3-down`` — the site's S3 server (moto, on loopback, started by the drill) is stopped right
   before the manifest of a checkpoint is uploaded; the store's retries give up, the data
   object without its manifest stays invisible, and the retried stage resumes from the previous
-  checkpoint once the server is back (RPO one interval).
+  checkpoint once the server is back (RPO at most two intervals: the write runs beside training).
 - ``ssh-down`` — the on-prem site's sshd (a throwaway OpenSSH on loopback) is stopped while its
   job trains under torchrun over SSH (``ssh_train``); the job dies with its host. Site health
   (``check_site``) marks the site unhealthy, ``Placement.decide(unavailable=...)`` picks the

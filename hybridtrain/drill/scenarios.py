@@ -237,7 +237,10 @@ def s3_down(env: DrillEnv, res: ScenarioResult, tl: Timeline) -> None:
         require(result.global_step == env.steps, f"the retry ended at step {result.global_step}, not {env.steps}")
         require(bool(visible) and result.resumed_from_step == visible[-1],
                f"the retry resumed from {result.resumed_from_step}, not the newest visible checkpoint {visible}")
-        require(res.rpo_steps <= env.interval, f"lost {res.rpo_steps} steps, more than one interval")
+        # Checkpoints are written beside training (training.checkpoint_writer): the cut write fails only once the
+        # store's retries give up, while training goes on, and that failure stops the run at the next
+        # checkpoint at the latest. So the work lost is the cut interval plus at most one more.
+        require(res.rpo_steps <= 2 * env.interval, f"lost {res.rpo_steps} steps, more than two intervals")
         res.notes.append(f"S3 retries as in production (S3Options(): {options.attempts} attempts, backoff from "
                          f"{options.backoff_s:g} s)")
     finally:

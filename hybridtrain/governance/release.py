@@ -29,6 +29,8 @@ every pointer), ``publish`` (both), ``restore`` (rollback: re-release an earlier
 the archive or a target that still holds it, then move the pointers) and ``retire`` (remove a
 version from every target; its bundle stays in the archive as evidence). Each returns a
 ``ReleaseRecord`` saying which target holds which versions and which one it serves.
+
+Longer than most modules on purpose: the release target kinds (directory, object store, edge) and the releaser that keeps them in step share one verification path, and splitting them would split that path.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hybridtrain.errors import BundleRejected, Problem, ReleaseRefused, SpecError
 from hybridtrain.governance.bundle import ModelBundle
+from hybridtrain.governance.edge_package import edge_files, verify_package
 from hybridtrain.governance.signing_key import VerifyKey
 from hybridtrain.plugins import PluginRegistry
 from hybridtrain.specs.job import MODEL_NAME_RE, ReleaseTargetSpec
@@ -351,8 +354,6 @@ class EdgeTarget(DirectoryTarget):
     kind = "edge"
 
     def _store_version(self, bundle: ModelBundle) -> None:
-        from hybridtrain.governance.edge_package import edge_files, verify_package
-
         files = edge_files(bundle.manifest)
         if not files:
             raise ReleaseRefused(bundle.model, f"v{bundle.version} carries no edge export (weights/artifacts/edge/): "
@@ -377,6 +378,14 @@ class EdgeTarget(DirectoryTarget):
     def fetch(self, model: str, version: str, dest: Path) -> ModelBundle:
         raise ReleaseRefused(model, f"edge target {self.name} holds only the edge export of v{version}, not its "
                                     "full bundle")
+
+    def verify_held(self, model: str, version: str) -> ReleaseMarker:
+        """The edge package this device holds still verifies under the trusted key and is the one released."""
+        marker = self.marker(model, version)
+        if marker is None:
+            raise ReleaseRefused(model, f"target {self.name} does not hold v{version}; release it there first")
+        verify_package(self._version_dir(model, version), self.trusted_key)
+        return marker
 
 
 @TARGET_KINDS.register("object_store")

@@ -23,6 +23,8 @@ Errors: unreachable, refused or timed-out connections are ``SiteUnavailable`` (t
 site); an unpinned or changed host key is ``HostKeyRejected`` and a refused key ``AuthRefused``
 (never retried: a person fixes the site block); a job that ends non-zero is ``RemoteJobFailed``
 with its exit status and the last lines of its log.
+
+Longer than most modules on purpose: one class over one paramiko connection — commands, atomic transfers, detached jobs and re-attaching to them — so every call shares the same timeouts, retry and host-key policy.
 """
 
 from __future__ import annotations

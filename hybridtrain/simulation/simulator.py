@@ -20,6 +20,8 @@ controller runs every ``controller_interval_s`` while runs wait.
 Costs: on-prem GPU-hours at the site's amortized price; cloud GPU-hours at list (on-demand) or
 catalog spot price; egress for the dataset (at the data site's price) and the final checkpoint
 (at the run site's price).
+
+Longer than most modules on purpose: one discrete-event loop whose events (arrival, start, finish, eviction, controller tick) share the same state.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ A spec is a versioned YAML file (``apiVersion: hybridtrain/v1``) validated by py
 unknown fields refused. ``load_spec`` reports *every* problem with its field path and line;
 the JSON Schema (``hybridtrain schema``) is generated from these models, never hand-written.
 Dataset versions are pinned by content hash; there is no "latest".
+
+Longer than most modules on purpose: one pydantic model per spec section and the rules that need only the spec itself; checks against other files live in ``hybridtrain.validation``.
 """
 
 from __future__ import annotations

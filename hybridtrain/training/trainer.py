@@ -42,6 +42,8 @@ The trainer seeds the process-wide torch, numpy and ``random`` generators (modul
 initialization and dropout draw from torch's global generator) and sets torch's CPU thread
 count for the duration of ``fit``. It installs no signal handlers and imports no tracking
 client: callers observe it through ``on_epoch`` and ``should_stop``.
+
+Longer than most modules on purpose: the training loop, its checkpoints, resume and rank handling are one piece of state.
 """
 
 from __future__ import annotations

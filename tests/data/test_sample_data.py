@@ -94,6 +94,7 @@ def test_columns_and_types_match_the_churn_spec(churn: pd.DataFrame) -> None:
     assert list(churn.columns) == list(declared) == list(COLUMNS)
     check = {
         ColumnType.string: pd.api.types.is_string_dtype,
+        ColumnType.email: pd.api.types.is_string_dtype,
         ColumnType.date: pd.api.types.is_datetime64_dtype,
         ColumnType.category: lambda d: isinstance(d, pd.CategoricalDtype),
         ColumnType.int: pd.api.types.is_integer_dtype,

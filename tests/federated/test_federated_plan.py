@@ -17,7 +17,7 @@ from tests.federated.conftest import DATA_SITES, federated_spec
 
 
 def cli(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hybridtrain.cli.main", *args], cwd=root, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "orchestration.cli", *args], cwd=root, capture_output=True,
                           text=True, timeout=180, env={**__import__("os").environ, "HYBRIDTRAIN_HOME": str(root)})
 
 

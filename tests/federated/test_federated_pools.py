@@ -79,7 +79,7 @@ def run_cli(env_root: Path, api: str, *args: str) -> subprocess.Popen:
            "PREFECT_LOGGING_EXTRA_LOGGERS": "hybridtrain"}
     log = env_root.parent / f"run-{time.time_ns()}.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "hybridtrain.cli.main", "run", *args, "--dispatch", "pools"],
+        proc = subprocess.Popen([sys.executable, "-m", "orchestration.cli", "run", *args, "--dispatch", "pools"],
                                 cwd=env_root, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     proc.log = log

@@ -71,7 +71,7 @@ def test_cli_run_prints_one_clear_error_and_keeps_the_traceback_in_the_log(root,
     spec = spec_writer(root)("allnan-cli", metadata__name="allnan-cli", registry__model_name="allnan-cli-model",
                              dataset__path="data/raw/allnan-cli.csv", dataset__md5=md5)
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "HYBRIDTRAIN_HOME": str(root), "CI": "true"}
-    proc = subprocess.run([sys.executable, "-m", "hybridtrain.cli.main", "run", str(spec), "--dispatch", "inline"],
+    proc = subprocess.run([sys.executable, "-m", "orchestration.cli", "run", str(spec), "--dispatch", "inline"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     assert proc.returncode == DataError.exit_code, out[-4000:]

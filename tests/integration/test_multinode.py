@@ -23,7 +23,7 @@ from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.trainer import Trainer
 from tests.fixtures.processes import start_sshd, stop_sshd
-from tests.fixtures.training_data import SPEC
+from tests.fixtures.ssh_job import SPEC
 
 FAST = Timeouts(connect=3, command=20, reconnect=30)
 WAIT_S = 240.0

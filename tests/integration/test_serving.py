@@ -45,7 +45,7 @@ def wait_for(check, timeout: float = 30.0, what: str = "condition"):
 
 
 def cli(*args: str, **kw) -> list[str]:
-    return [sys.executable, "-m", "hybridtrain.cli.main", *args]
+    return [sys.executable, "-m", "orchestration.cli", *args]
 
 
 @contextmanager

@@ -10,24 +10,18 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 from hybridtrain.datasets import partitioned
-from hybridtrain.datasets.dvc_repo import DvcRepo
 from hybridtrain.errors import AuthRefused, HostKeyRejected, RemoteJobFailed, SiteUnavailable, is_retryable
 from hybridtrain.remote.job_bundle import JobBundle
 from hybridtrain.remote.remote_training import ssh_train
 from hybridtrain.remote.ssh_site import SshSite, Timeouts
-from hybridtrain.specs.job import parse_spec
-from hybridtrain.specs.sites import LocalStore, Site
 from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.trainer import Trainer
-from hybridtrain.workspace import Workspace
-from tests.fixtures.training_data import churn_frame
+from tests.fixtures.ssh_job import SPEC
 
 FAST = Timeouts(connect=3, command=20, reconnect=30)
 WAIT_S = 60.0  # bound on every job wait in this file
@@ -50,38 +44,7 @@ def wait_for(predicate, timeout: float = 10.0) -> None:
 # -- a site with approved data in its store, and a job spec ---------------------------------------
 
 
-SPEC = parse_spec({
-    "apiVersion": "hybridtrain/v1",
-    "metadata": {"name": "churn-ssh"},
-    "dataset": {"path": "data/raw/churn.csv", "md5": "0" * 32, "site": "onprem-ssh"},
-    "schema": {"label": LABEL, "entity_key": "account_id",
-               "columns": {"account_id": "string", "tenure": "float", "charges": "float", "contract": "category",
-                           LABEL: "int"}},
-    "model": {"features": {"numeric": ["tenure", "charges"], "categorical": ["contract"]}, "hidden_layers": [16, 8],
-              "dropout": 0.0, "epochs": 4, "batch_size": 128, "learning_rate": 0.01, "seed": 3, "threads": 1},
-    "checkpoint": {"interval_steps": 10, "keep_last": 2},
-    "resources": {"max_hours": 0.1},
-    "registry": {"model_name": "churn-ssh"},
-})
 STEPS = 4 * 16  # 2000 train rows / batch 128 = 16 steps per epoch
-
-
-@pytest.fixture(scope="module")
-def env(sshd, tmp_path_factory):
-    """A control-plane workspace, the site (its store a local directory) and the approved data pushed there."""
-    root = tmp_path_factory.mktemp("ssh-env")
-    site = Site(name="onprem-ssh", kind="onprem", region="eu", jurisdiction="EU", price_per_gpu_hour=1.0,
-                work_pool="onprem", store=LocalStore(path=str(root / "store")), hosts=(sshd.host,))
-    ws = Workspace.resolve(root / "ws")
-    repo = DvcRepo.ensure(ws.root, {site.dvc_remote: f"{root / 'store'}/dvc"}, default_remote=site.dvc_remote,
-                          scm=False)
-    frame = pd.concat([churn_frame(2000, 1).assign(split="train"), churn_frame(500, 2).assign(split="val")],
-                      ignore_index=True)
-    frame["partition"] = np.arange(len(frame)) % 2
-    partitioned.write(frame, ws.path("data/approved/churn-ssh"), sort_by="account_id")
-    approved = repo.add("data/approved/churn-ssh", "approved", site.name)
-    repo.push(approved, remote=site.dvc_remote)
-    return ws, site, approved
 
 
 def train_over_ssh(sshd, env, job_id: str, run_key: str, on_line=None, **kw):

@@ -67,7 +67,7 @@ def hybridtrain_cli(root: Path, *args: str) -> subprocess.CompletedProcess:
 
     env = {**os.environ, **Stack.load(root).client_env()}
     env.pop("PREFECT_HOME", None)
-    return subprocess.run([sys.executable, "-m", "hybridtrain.cli.main", *args, "--home", str(root)], env=env,
+    return subprocess.run([sys.executable, "-m", "orchestration.cli", *args, "--home", str(root)], env=env,
                           capture_output=True, text=True, timeout=300, cwd=root)
 
 

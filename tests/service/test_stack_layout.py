@@ -60,7 +60,7 @@ def test_the_server_logging_config_keeps_every_service_run_in_its_own_file(tmp_p
 
 def doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    return subprocess.run([sys.executable, "-m", "hybridtrain.cli.main", "doctor", "--home", str(tmp_path), *args],
+    return subprocess.run([sys.executable, "-m", "orchestration.cli", "doctor", "--home", str(tmp_path), *args],
                           env=env, capture_output=True, text=True, timeout=120)
 
 

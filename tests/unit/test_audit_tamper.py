@@ -34,7 +34,7 @@ def log_path(root: Path) -> Path:
 def verify(root: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "400"}
     env.pop(audit_key.ENV_KEY_FILE, None)
-    return subprocess.run([sys.executable, "-m", "hybridtrain.cli.main", "audit", "verify", "--home", str(root),
+    return subprocess.run([sys.executable, "-m", "orchestration.cli", "audit", "verify", "--home", str(root),
                            "--public-key", str(audit_key.public_key_path(root)), *extra],
                           capture_output=True, text=True, timeout=120, env=env)
 

@@ -16,7 +16,7 @@ KEY = SigningKey.generate()
 
 def verify(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "400"}
-    return subprocess.run([sys.executable, "-m", "hybridtrain.cli.main", "bundle", "verify", *args],
+    return subprocess.run([sys.executable, "-m", "orchestration.cli", "bundle", "verify", *args],
                           capture_output=True, text=True, timeout=120, env=env)
 
 

@@ -147,7 +147,10 @@ def test_hostile_files_stay_within_time_and_memory_in_a_subprocess(tmp_path):
         "from hybridtrain.cli.main import main\n"
         "sys.argv = ['hybridtrain', 'validate', *sys.argv[1:]]\n"
         "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
-        "print('maxrss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        # VmHWM, not ru_maxrss: the child is forked from pytest (preexec_fn), and ru_maxrss keeps the parent's
+        # peak across exec; VmHWM belongs to the new address space.
+        "hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM:')).split()[1]\n"
+        "print('maxrss_kb', hwm)\n"
         "sys.exit(code)\n"
     )
     for path in (bomb, deep, binary):

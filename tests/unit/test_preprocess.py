@@ -19,7 +19,7 @@ BASE = {
     "metadata": {"name": "tiny"},
     "dataset": {"path": "data/raw/tiny.csv", "md5": "0" * 32, "site": "onprem-dc1"},
     "schema": {"label": "y", "entity_key": "id",
-               "columns": {"id": "string", "email": "string", "age": "int", "score": "float",
+               "columns": {"id": "string", "email": "email", "age": "int", "score": "float",
                            "joined": "date", "vip": "bool", "y": "int"}},
     "model": {"features": {"numeric": ["age", "score"]}},
     "registry": {"model_name": "tiny"},

@@ -17,9 +17,9 @@ from mlflow.exceptions import MlflowException
 from hybridtrain.governance.bundle import BundleDataset, ModelBundle
 from hybridtrain.governance.release import EdgeTarget
 from hybridtrain.governance.signing_key import SigningKey
-from hybridtrain.serving.edge_score import EdgeError, EdgeModel
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.training import evaluation
+from hybridtrain.training.edge_score import EdgeError, EdgeModel
 from hybridtrain.training.featurizer import Featurizer
 from tests.fixtures.gate_cases import MODEL
 from tests.unit.record_models import churn_records, fitted, register_version

@@ -153,7 +153,7 @@ def test_cli_plan_and_a_spec_without_a_sweep(tmp_path):
     from tests.fixtures.workspaces import make_workspace
 
     ws = make_workspace(tmp_path / "ws")
-    exe = [sys.executable, "-m", "hybridtrain.cli.main"]
+    exe = [sys.executable, "-m", "orchestration.cli"]
     ok = subprocess.run([*exe, "sweep", "jobs/churn-sweep.yaml", "--plan", "--home", str(ws)], check=False,
                         capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
