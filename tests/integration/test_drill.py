@@ -92,7 +92,10 @@ def test_s3_down_leaves_no_partial_checkpoint_and_the_retry_resumes(drilled):
     _, report, _ = drilled
     s = scenario(report, "s3-down")
     at = -(-report.fault_step // INTERVAL) * INTERVAL  # the checkpoint whose manifest never arrived
-    assert s.last_step == at and s.resumed_from_step == at - INTERVAL and s.rpo_steps == INTERVAL
+    # The checkpoint is written beside training: training goes on until the cut write fails, at the next
+    # checkpoint at the latest, and resumes from the one before the cut.
+    assert at <= s.last_step < at + INTERVAL and s.resumed_from_step == at - INTERVAL
+    assert INTERVAL <= s.rpo_steps < 2 * INTERVAL and s.rpo_steps == s.last_step - s.resumed_from_step
     assert any(f"upload of step {at} cut before its manifest" in n and "not visible" in n for n in s.notes)
     whats = [e.what for e in s.timeline]
     assert any("the store gave up after 4 attempts" in w for w in whats)
