@@ -13,7 +13,7 @@ PREFECT_PORT ?= 4200
 MLFLOW_PORT  ?= 5000
 UI_API := http://127.0.0.1:$(PREFECT_PORT)/api
 
-.PHONY: venv system demo test ui ui-stop deploy worker bench lock clean up down status doctor
+.PHONY: venv system demo test test-fast ui ui-stop deploy worker bench lock clean up down status doctor
 
 venv: $(STAMP)
 
@@ -40,6 +40,12 @@ TEST_WORKERS ?= auto
 test: venv system
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 4
+
+# The quick tier (under 5 minutes on 2 cores): everything not marked slow, i.e. no whole lifecycle and
+# no extra servers beyond the one Prefect test server; the import contracts first.
+test-fast: venv
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 4 -m "not slow" --timeout 300
 
 # Prefect UI + API and MLflow UI on loopback, over the same stores `make demo` wrote.
 ui: venv
