@@ -145,6 +145,20 @@ def _process_environment() -> dict[str, Any]:
     }
 
 
+def signature_problems(signature: BundleSignature, public_key: VerifyKey, manifest_bytes: bytes) -> list[Problem]:
+    """Why ``signature`` does not vouch for ``manifest_bytes`` under ``public_key`` (empty: it does)."""
+    if signature.key_id != public_key.key_id:
+        return [Problem(SIGNATURE, f"signed by key {signature.key_id}, but the trusted key is {public_key.key_id}")]
+    try:
+        raw_sig = base64.b64decode(signature.signature, validate=True)
+    except ValueError:
+        raw_sig = b""
+    if not public_key.verify(raw_sig, manifest_bytes):
+        return [Problem(MANIFEST, f"the signature in {SIGNATURE} does not match it: the manifest or {SIGNATURE} "
+                                  "was changed after signing")]
+    return []
+
+
 class ModelBundle:
     """A bundle directory. Opening one checks nothing; call ``verify`` before trusting any of it."""
 
@@ -308,17 +322,7 @@ class ModelBundle:
         except FileNotFoundError:
             return problems + [Problem(MANIFEST, "missing: nothing says which files were signed")]
         if signature is not None:
-            if signature.key_id != public_key.key_id:
-                problems.append(Problem(SIGNATURE, f"signed by key {signature.key_id}, but the trusted key is "
-                                                   f"{public_key.key_id}"))
-            else:
-                try:
-                    raw_sig = base64.b64decode(signature.signature, validate=True)
-                except ValueError:
-                    raw_sig = b""
-                if not public_key.verify(raw_sig, manifest_bytes):
-                    problems.append(Problem(MANIFEST, f"the signature in {SIGNATURE} does not match it: the "
-                                                      f"manifest or {SIGNATURE} was changed after signing"))
+            problems += signature_problems(signature, public_key, manifest_bytes)
         try:
             manifest = BundleManifest.model_validate(json.loads(manifest_bytes))
         except (ValidationError, json.JSONDecodeError, UnicodeDecodeError):

@@ -11,7 +11,6 @@ changed or not in the manifest is a problem.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 from pathlib import Path
@@ -19,7 +18,14 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from hybridtrain.errors import BundleRejected, Problem
-from hybridtrain.governance.bundle import MANIFEST, SIGNATURE, BundleManifest, BundleSignature, file_sha256
+from hybridtrain.governance.bundle import (
+    MANIFEST,
+    SIGNATURE,
+    BundleManifest,
+    BundleSignature,
+    file_sha256,
+    signature_problems,
+)
 from hybridtrain.governance.signing_key import VerifyKey
 
 EDGE_PREFIX = "weights/artifacts/edge/"
@@ -41,17 +47,7 @@ def package_problems(root: Path, public_key: VerifyKey) -> list[Problem]:
         return [Problem(Path(exc.filename or MANIFEST).name, "missing")]
     except (ValidationError, ValueError):
         return [Problem(MANIFEST, "manifest or signature is unreadable")]
-    problems: list[Problem] = []
-    if signature.key_id != public_key.key_id:
-        problems.append(Problem(SIGNATURE, f"signed by key {signature.key_id}, but the trusted key is "
-                                           f"{public_key.key_id}"))
-    else:
-        try:
-            raw = base64.b64decode(signature.signature, validate=True)
-        except ValueError:
-            raw = b""
-        if not public_key.verify(raw, manifest_bytes):
-            problems.append(Problem(MANIFEST, "the signature does not match it: changed after signing"))
+    problems = signature_problems(signature, public_key, manifest_bytes)
     expected = edge_files(manifest)
     if not expected:
         problems.append(Problem(EDGE_PREFIX, "the bundle has no edge export"))
