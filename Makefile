@@ -43,7 +43,7 @@ test: venv system
 
 # The quick tier (under 5 minutes on 2 cores): everything not marked slow, i.e. no whole lifecycle and
 # no extra servers beyond the one Prefect test server; the import contracts first.
-test-fast: venv
+test-fast: venv system
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 4 -m "not slow" --timeout 300
 
