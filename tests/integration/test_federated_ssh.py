@@ -22,6 +22,9 @@ from pydantic import SecretStr
 
 from hybridtrain import stages
 from hybridtrain.cli.federated import ensure_site_data
+from hybridtrain.drill.loopback import free_port
+from hybridtrain.errors import SiteUnavailable, SpecError
+from hybridtrain.federated import site as steps
 from hybridtrain.federated.coordinator import InlineSites, run_federation
 from hybridtrain.federated.remote_round import round_job_id
 from hybridtrain.federated.rounds import RoundStore
@@ -74,7 +77,7 @@ def runs(sshd, tmp_path_factory):
         ssh_private_key=SecretStr(sshd.private_key), ssh_known_hosts=sshd.known_hosts)}))
     spec = load_spec(spec_file, ws.load_sites())
     over_ssh = run(ws, spec, "ssh")
-    return {"ws": ws, "spec": spec, "inline": inline, "ssh": over_ssh, "host": host}
+    return {"root": root, "ws": ws, "spec": spec, "inline": inline, "ssh": over_ssh, "host": host}
 
 
 def test_the_ssh_site_trains_its_rounds_on_its_host(runs, sshd):
@@ -126,3 +129,22 @@ def test_the_global_model_matches_the_all_in_process_run(runs):
     assert abs(inline.metrics["auc"] - over_ssh.metrics["auc"]) < 0.005
     assert 0.6 < over_ssh.metrics["auc"] <= 1.0
     assert not torch.equal(a[next(iter(a))], RoundStore(store, spec.name, "ssh").load_global(0)[next(iter(a))])
+
+
+def test_no_ssh_key_or_no_host_is_one_clear_error_and_nothing_runs(runs, sshd):
+    ws, spec, outcome = runs["ws"], runs["spec"], runs["ssh"]
+    approved = outcome.prepared()[SSH_SITE].anon.approved
+    args = (spec, SSH_SITE, "ssh-bad", 1, approved, outcome.state.featurizer, AGG)
+    with pytest.raises(SpecError) as err:
+        steps.train_round(Workspace.resolve(runs["root"]), *args)  # the block holds no SSH key
+    assert f"{SSH_SITE}.ssh_private_key" in str(err.value) and "hybridtrain credentials" in str(err.value)
+    root = runs["root"]
+    give_hosts(root, SSH_SITE, runs["host"].model_copy(update={"port": free_port(), "connect_timeout_s": 3.0})
+               .model_dump(mode="json"))
+    try:
+        with pytest.raises(SiteUnavailable) as down:  # InlineSites / PoolSites drop the site from the round
+            steps.train_round(ws, *args)
+    finally:
+        give_hosts(root, SSH_SITE, runs["host"].model_dump(mode="json"))
+    assert SSH_SITE in str(down.value)
+    assert not list((Path(sshd.host.workdir) / "jobs").glob("*-ssh-bad-*"))
