@@ -152,6 +152,7 @@ def run_federation(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site:
                                              for s, u in ok.items()}, rows),
             epsilon={s: u.epsilon for s, u in ok.items() if u.epsilon is not None},
             site_seconds={s: u.seconds for s, u in ok.items()},
+            site_hosts={s: u.host for s, u in ok.items() if u.host},
             transfers=[t for u in ok.values() for t in u.transfers],
             seconds=time.perf_counter() - round_started, global_sha256=sha)
         state = state.model_copy(update={"rounds": [*state.rounds, record]})

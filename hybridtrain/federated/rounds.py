@@ -34,6 +34,8 @@ class RoundRecord(BaseModel):
         default_factory=dict, description="The incoming global model on the participants' val splits (row-weighted).")
     epsilon: dict[str, float] = Field(default_factory=dict, description="DP epsilon spent per site so far.")
     site_seconds: dict[str, float] = Field(default_factory=dict, description="Wall seconds of each site's round.")
+    site_hosts: dict[str, str] = Field(
+        default_factory=dict, description="Site -> the SSH host that trained its round (sites that train on one).")
     transfers: list[TransferRecord] = Field(default_factory=list, description="Every crossing of the round.")
     seconds: float = 0.0
     global_sha256: str = ""
@@ -78,6 +80,14 @@ class RoundStore:
 
     def update_key(self, rnd: int, site: str) -> str:
         return f"{self.prefix}/updates/round-{rnd:04d}/{site}.pt"
+
+    def global_what(self, rnd: int) -> str:
+        """How a transfer record names the global model of round ``rnd``."""
+        return f"global model round {rnd} ({self.prefix})"
+
+    def update_what(self, rnd: int, site: str) -> str:
+        """How a transfer record names ``site``'s update of round ``rnd``."""
+        return f"model update round {rnd} of {site} ({self.prefix})"
 
     def stats_key(self, site: str) -> str:
         return f"{self.prefix}/features/{site}.json"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from pydantic import BaseModel, Field
@@ -27,6 +28,9 @@ from hybridtrain.federated.rounds import RoundStore, load_state, state_bytes
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.training.featurizer import Featurizer
 from hybridtrain.workspace import Workspace
+
+if TYPE_CHECKING:
+    from hybridtrain.remote.ssh_site import SshCredentials
 
 
 class SitePrepared(BaseModel):
@@ -51,6 +55,10 @@ class SiteUpdate(BaseModel):
     update_sha256: str
     transfers: list[TransferRecord] = Field(default_factory=list)
     seconds: float
+    host: str | None = Field(None, description="The SSH host (user@host:port) that trained the round; None: in "
+                                               "the site's worker process.")
+    job_id: str | None = Field(None, description="The job's id on that host (its log and bundle are under "
+                                                 "<workdir>/jobs/<job_id>).")
 
 
 class SiteEvaluation(BaseModel):
@@ -88,6 +96,10 @@ def _cross(ws: Workspace, record: TransferRecord | None, out: list[TransferRecor
     if record is None:
         return
     out.append(record)
+    _audit_crossing(ws, record)
+
+
+def _audit_crossing(ws: Workspace, record: TransferRecord) -> None:
     stages.audit(ws).append(actor=ws.actor, action="sync", subject=record.what, inputs=record.as_row(),
                             outcome=f"{record.bytes} bytes to {record.destination}")
 
@@ -119,7 +131,7 @@ def _fetch_global(ws: Workspace, rs: RoundStore, rnd: int, site: str, aggregatio
                   transfers: list[TransferRecord]) -> dict:
     sites = ws.load_sites()
     data, record = ModelMover.fetch(rs.store, rs.global_key(rnd), sites.get(aggregation_site), sites.get(site),
-                                    f"global model round {rnd} ({rs.prefix})")
+                                    rs.global_what(rnd))
     _cross(ws, record, transfers)
     return load_state(data)
 
@@ -127,10 +139,19 @@ def _fetch_global(ws: Workspace, rs: RoundStore, rnd: int, site: str, aggregatio
 def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,
                 featurizer: dict, aggregation_site: str) -> SiteUpdate:
     """Round ``rnd`` at ``site``: fetch the global model of round ``rnd - 1``, train ``local_epochs``
-    on the approved part, send the new weights to the aggregator."""
+    on the approved part, send the new weights to the aggregator.
+
+    A site that lists SSH hosts trains the round on its first host (``remote_round``): the host
+    reads the approved part from the site's store and the global model from the round store, and
+    writes the update there; this process checks the route first and then gets back only the
+    host's report, whose crossings go to the audit log here as in-process ones do."""
     started = time.perf_counter()
     fed = spec.training.federated
     check_route(ws, spec, site, aggregation_site)
+    ssh = _ssh_credentials(ws, site)
+    if ssh is not None:
+        return _train_round_on_host(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, ssh,
+                                    started)
     rs = round_store(ws, spec, run_key, aggregation_site)
     transfers: list[TransferRecord] = []
     global_state = _fetch_global(ws, rs, rnd - 1, site, aggregation_site, transfers)
@@ -143,10 +164,39 @@ def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int,
     data = state_bytes(result.state)
     sites = ws.load_sites()
     _cross(ws, ModelMover.send(data, rs.store, rs.update_key(rnd, site), sites.get(site), sites.get(aggregation_site),
-                               f"model update round {rnd} of {site} ({rs.prefix})"), transfers)
+                               rs.update_what(rnd, site)), transfers)
     return SiteUpdate(site=site, round=rnd, rows=result.rows, metrics=result.metrics, epsilon=result.epsilon,
                       update_sha256=hashlib.sha256(data).hexdigest(), transfers=transfers,
                       seconds=time.perf_counter() - started)
+
+
+def _ssh_credentials(ws: Workspace, site: str) -> SshCredentials | None:
+    """The site block's SSH key and pinned host keys when ``site`` lists SSH hosts (None: it lists none)."""
+    if not ws.load_sites().get(site).hosts:
+        return None
+    secret = ws.secrets.get(site) if ws.secrets is not None else None
+    if secret is None or not secret.has_ssh:
+        raise SpecError("site credentials", [Problem(
+            f"{site}.ssh_private_key", f"site {site} trains its federated rounds on SSH hosts but its block holds no "
+            f"SSH key: run `hybridtrain credentials {site} --ssh-key FILE --known-hosts FILE`")])
+    from hybridtrain.remote.ssh_site import SshCredentials  # lazy: heavy (paramiko)
+
+    return SshCredentials(private_key=secret.ssh_private_key, known_hosts=secret.ssh_known_hosts or "")
+
+
+def _train_round_on_host(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,
+                         featurizer: dict, aggregation_site: str, ssh: SshCredentials, started: float) -> SiteUpdate:
+    from hybridtrain.federated.remote_round import ssh_train_round  # lazy: heavy (paramiko)
+
+    sites = ws.load_sites()
+    s = sites.get(site)
+    report, label = ssh_train_round(ws, spec, s, sites.get(aggregation_site), s.hosts[0], ssh.private_key,
+                                    ssh.known_hosts, run_key, rnd, approved, featurizer)
+    for record in report.transfers:
+        _audit_crossing(ws, record)
+    return SiteUpdate(site=site, round=rnd, rows=report.rows, metrics=report.metrics, epsilon=report.epsilon,
+                      update_sha256=report.update_sha256, transfers=report.transfers,
+                      seconds=time.perf_counter() - started, host=label, job_id=report.job_id)
 
 
 def evaluate_global(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,

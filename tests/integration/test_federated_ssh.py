@@ -1,0 +1,150 @@
+"""Federated training with one data site on an SSH host: its rounds run on the host (real loopback OpenSSH), the other site's in this process.
+
+Two on-prem data sites (``onprem-dc1`` in-process, ``onprem-dc2`` listing the loopback sshd as
+its host), the aggregator at a third site (``onprem-dc3``), so both sites' updates cross a site
+boundary. The same job runs twice on the same data: all sites in this process, then with
+``onprem-dc2``'s rounds on its host. The host's own job directories show it trained; its updates
+are the ones the aggregator averaged; both runs end at (nearly) the same global model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from pydantic import SecretStr
+
+from hybridtrain import stages
+from hybridtrain.cli.federated import ensure_site_data
+from hybridtrain.drill.loopback import free_port
+from hybridtrain.errors import SiteUnavailable, SpecError
+from hybridtrain.federated import site as steps
+from hybridtrain.federated.coordinator import InlineSites, run_federation
+from hybridtrain.federated.remote_round import round_job_id
+from hybridtrain.federated.rounds import RoundStore
+from hybridtrain.specs.job import load_spec
+from hybridtrain.specs.secrets import SiteSecret, SiteSecrets
+from hybridtrain.workspace import Workspace
+from tests.federated.conftest import add_sites, federated_spec
+from tests.fixtures.workspaces import ROOT, make_workspace
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SITES = ["onprem-dc1", "onprem-dc2"]
+SSH_SITE = "onprem-dc2"
+AGG = "onprem-dc3"
+ROWS = 4000
+KEY = b"test-pseudonym-key-0123456789abcdef"
+
+
+def host_python(base: Path) -> str:
+    """This interpreter with this checkout's hybridtrain first on the path (the host's installed copy)."""
+    script = base / "host-python"
+    script.write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} \"$@\"\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def give_hosts(root: Path, site: str, host: dict) -> None:
+    path = root / "deployments" / "sites.yaml"
+    data = yaml.safe_load(path.read_text())
+    next(s for s in data["sites"] if s["name"] == site)["hosts"] = [host]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def run(ws: Workspace, spec, run_key: str):
+    return run_federation(ws, spec, run_key, AGG, InlineSites(ws, spec, run_key, AGG, KEY))
+
+
+@pytest.fixture(scope="module")
+def runs(sshd, tmp_path_factory):
+    base = tmp_path_factory.mktemp("fedssh")
+    root = make_workspace(base / "ws")
+    add_sites(root)
+    parts = ensure_site_data(Workspace.resolve(root), SITES, ROWS, 20261121)
+    spec_file = federated_spec(root, parts, name="fedssh", rounds=2, aggregation_site=AGG)
+    plain = Workspace.resolve(root)
+    inline = run(plain, load_spec(spec_file, plain.load_sites()), "inproc")
+    host = sshd.host.model_copy(update={"python": host_python(base)})
+    give_hosts(root, SSH_SITE, host.model_dump(mode="json"))
+    ws = Workspace.resolve(root).with_secrets(SiteSecrets.of({SSH_SITE: SiteSecret(
+        ssh_private_key=SecretStr(sshd.private_key), ssh_known_hosts=sshd.known_hosts)}))
+    spec = load_spec(spec_file, ws.load_sites())
+    over_ssh = run(ws, spec, "ssh")
+    return {"root": root, "ws": ws, "spec": spec, "inline": inline, "ssh": over_ssh, "host": host}
+
+
+def test_the_ssh_site_trains_its_rounds_on_its_host(runs, sshd):
+    outcome, ws, spec = runs["ssh"], runs["ws"], runs["spec"]
+    label = f"{sshd.host.username}@[127.0.0.1]:{sshd.host.port}"
+    assert [r.participants for r in outcome.state.rounds] == [SITES, SITES]
+    assert [r.site_hosts for r in outcome.state.rounds] == [{SSH_SITE: label}] * 2
+    rs = RoundStore(stages.checkpoint_store(ws, ws.load_sites().get(AGG)), spec.name, "ssh")
+    for rnd in (1, 2):
+        job = Path(sshd.host.workdir) / "jobs" / round_job_id(spec.name, "ssh", rnd, SSH_SITE)
+        log = (job / "log").read_text()
+        assert f"federated round {rnd} of fedssh (run key ssh) for site {SSH_SITE}" in log
+        assert (job / "exit_code").read_text().strip() == "0"
+        report = json.loads((job / "bundle" / "round.json").read_text())
+        assert report["pid"] != os.getpid() and report["round"] == rnd
+        assert not (job / "bundle" / "secrets.json").exists()  # the store keys did not stay on the host
+        # The update the aggregator averaged is the one the host wrote.
+        update = rs.store.get_bytes(rs.update_key(rnd, SSH_SITE))
+        assert hashlib.sha256(update).hexdigest() == report["update_sha256"]
+        assert outcome.state.rounds[rnd - 1].site_metrics[SSH_SITE]["val_auc"] == report["metrics"]["val_auc"]
+    # The in-process site never went to the host.
+    assert not list((Path(sshd.host.workdir) / "jobs").glob(f"*-ssh-r*-{SITES[0]}"))
+
+
+def test_both_sites_crossings_are_recorded_and_audited(runs):
+    outcome, ws = runs["ssh"], runs["ws"]
+    updates = {(t.source, t.destination) for t in outcome.transfers if t.what.startswith("model update")}
+    assert updates == {(SITES[0], AGG), (SSH_SITE, AGG)}
+    host_made = [t for r in outcome.state.rounds for t in r.transfers if SSH_SITE in (t.source, t.destination)]
+    assert sorted(t.what.split(" (")[0] for t in host_made) == [
+        "global model round 0", "global model round 1",
+        f"model update round 1 of {SSH_SITE}", f"model update round 2 of {SSH_SITE}"]
+    assert all(t.bytes > 0 for t in host_made)
+    assert not any(t.what.startswith("data/") for t in outcome.transfers)  # only model bytes crossed
+    audited = {r.subject for r in stages.audit(ws).records() if r.action == "sync"}
+    assert {t.what for t in host_made} <= audited
+    # Lineage: both sites prepared their parts, at home.
+    assert sorted(outcome.state.prepared) == SITES
+
+
+def test_the_global_model_matches_the_all_in_process_run(runs):
+    inline, over_ssh, ws, spec = runs["inline"], runs["ssh"], runs["ws"], runs["spec"]
+    assert ({s: p["anon"]["approved"]["md5"] for s, p in inline.state.prepared.items()}
+            == {s: p["anon"]["approved"]["md5"] for s, p in over_ssh.state.prepared.items()})
+    store = stages.checkpoint_store(ws, ws.load_sites().get(AGG))
+    a = RoundStore(store, spec.name, "inproc").load_global(2)
+    b = RoundStore(store, spec.name, "ssh").load_global(2)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4
+    assert abs(inline.metrics["auc"] - over_ssh.metrics["auc"]) < 0.005
+    assert 0.6 < over_ssh.metrics["auc"] <= 1.0
+    assert not torch.equal(a[next(iter(a))], RoundStore(store, spec.name, "ssh").load_global(0)[next(iter(a))])
+
+
+def test_no_ssh_key_or_no_host_is_one_clear_error_and_nothing_runs(runs, sshd):
+    ws, spec, outcome = runs["ws"], runs["spec"], runs["ssh"]
+    approved = outcome.prepared()[SSH_SITE].anon.approved
+    args = (spec, SSH_SITE, "ssh-bad", 1, approved, outcome.state.featurizer, AGG)
+    with pytest.raises(SpecError) as err:
+        steps.train_round(Workspace.resolve(runs["root"]), *args)  # the block holds no SSH key
+    assert f"{SSH_SITE}.ssh_private_key" in str(err.value) and "hybridtrain credentials" in str(err.value)
+    root = runs["root"]
+    give_hosts(root, SSH_SITE, runs["host"].model_copy(update={"port": free_port(), "connect_timeout_s": 3.0})
+               .model_dump(mode="json"))
+    try:
+        with pytest.raises(SiteUnavailable) as down:  # InlineSites / PoolSites drop the site from the round
+            steps.train_round(ws, *args)
+    finally:
+        give_hosts(root, SSH_SITE, runs["host"].model_dump(mode="json"))
+    assert SSH_SITE in str(down.value)
+    assert not list((Path(sshd.host.workdir) / "jobs").glob("*-ssh-bad-*"))
