@@ -16,7 +16,8 @@ def serve_model(target: str, spec_path: str = "jobs/churn.yaml", host: str = "0.
 
     The deployment of this flow lives in the pool of the site that serves the target: directory
     targets on-prem, object-store targets in their (cloud) site's pool. Cancelling the flow run
-    stops the server; the version it served is in the audit log and the target's serving status.
+    stops the server (the run ends Cancelled); the version it served is in the audit log and the target's
+    serving status.
     """
     ws = run_workspace(workspace)
     server = build_server(ws, target, spec_path=ws.root / spec_path, poll_s=poll_s)
@@ -25,5 +26,5 @@ def serve_model(target: str, spec_path: str = "jobs/churn.yaml", host: str = "0.
     sv = server.start()
     get_run_logger().info("serving %s v%s from %s at %s (site %s)", server.model, sv.version, target, server.url,
                           server.site)
-    run(server, sock)
+    run(server, sock, handle_signals=False)  # Prefect's SIGTERM handler turns a cancel into Cancelled
     return f"stopped serving {server.model} at {server.url}"

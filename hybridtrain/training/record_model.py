@@ -174,13 +174,24 @@ class RecordScorer:
 
     def _featurize_small(self, frame: pd.DataFrame) -> np.ndarray:
         # Per-column pandas operations cost ~0.1 ms each; a single record needs none of them.
-        n = len(frame)
-        out = np.zeros((n, self.featurizer.n_features), dtype=np.float32)
+        values = {c: frame[c].to_numpy(dtype="float64", na_value=np.nan) for c in (n.name for n in self.featurizer.numeric)}
+        values.update({c.name: frame[c.name].tolist() for c in self.featurizer.categorical})
+        try:
+            return self.featurize_columns(values, len(frame))
+        except _UnseenCategory:
+            self.check(frame)  # names the value and counts the records, as for larger requests
+            raise
+
+    def featurize_columns(self, values: Mapping[str, Any], rows: int) -> np.ndarray:
+        """The featurizer's matrix from checked columns (column -> sequence of ``rows`` values): numbers or None in
+        numeric columns, strings or None in categorical ones. The same arithmetic as ``Featurizer.transform``
+        without pandas; this is the served hot path (``hybridtrain.serving.request``)."""
+        out = np.zeros((rows, self.featurizer.n_features), dtype=np.float32)
         j = 0
         for col in self.featurizer.numeric:
-            values = frame[col.name].to_numpy(dtype="float64", na_value=np.nan)
-            missing = np.isnan(values)
-            out[:, j] = (np.where(missing, col.median, values) - col.mean) / col.std
+            column = np.asarray(values[col.name], dtype="float64")  # None -> NaN
+            missing = np.isnan(column)
+            out[:, j] = (np.where(missing, col.median, column) - col.mean) / col.std
             j += 1
             if col.missing_indicator:
                 out[:, j] = missing
@@ -188,24 +199,48 @@ class RecordScorer:
         for col in self.featurizer.categorical:
             index = self._index[col.name]
             other = len(col.vocabulary)
-            closed = col.name in self.closed
-            for i, v in enumerate(frame[col.name].tolist()):
-                name = None if v is None or v is pd.NA or (isinstance(v, float) and v != v) else str(v)
+            closed = self.closed.get(col.name)
+            for i, v in enumerate(values[col.name]):
+                name = None if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) else str(v)
                 code = index.get(name, other) if name is not None else other
-                if code == other and name is not None and closed:
-                    self.check(frame)  # names the value and counts the records, as for larger requests
+                if code == other and name is not None and closed is not None:
+                    raise _UnseenCategory(col.name, name, closed, values[col.name])
                 out[i, j + code] = 1.0
             j += other + 1
         return out
 
-    def score(self, frame: pd.DataFrame) -> np.ndarray:
-        """Probability of the positive class per record (float64)."""
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Probability of the positive class per row of the featurized matrix (float64)."""
         import torch
 
-        x = self.featurize(frame)
         with torch.inference_mode():
             logits = self.network(torch.from_numpy(x))
         return torch.sigmoid(logits).double().numpy().reshape(-1)
+
+    def score(self, frame: pd.DataFrame) -> np.ndarray:
+        """Probability of the positive class per record (float64)."""
+        return self.forward(self.featurize(frame))
+
+    def score_columns(self, values: Mapping[str, Any], rows: int) -> np.ndarray:
+        """``score`` for checked columns (``featurize_columns``); an unseen category raises MLflow's 400 error."""
+        try:
+            x = self.featurize_columns(values, rows)
+        except _UnseenCategory as exc:
+            raise exc.bad_input() from None
+        return self.forward(x)
+
+
+class _UnseenCategory(Exception):
+    """A value outside a closed vocabulary; ``bad_input()`` is the client's 400 naming it."""
+
+    def __init__(self, column: str, value: str, vocab: frozenset[str], values: Any):
+        super().__init__(column, value)
+        self.column, self.value, self.vocab = column, value, vocab
+        self.count = sum(1 for v in values if v is not None and str(v) not in vocab)
+
+    def bad_input(self) -> Exception:
+        return _bad_input(f"column {self.column}: unseen category {self.value!r} in {self.count} record(s); "
+                          f"known values: {', '.join(sorted(self.vocab))}")
 
 
 class RecordModel(mlflow.pyfunc.PythonModel):

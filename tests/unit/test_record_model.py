@@ -183,3 +183,35 @@ def test_small_request_path_featurizes_exactly_like_the_featurizer(champion):
     for rows in (records.head(1), records.head(7), records):
         np.testing.assert_array_equal(scorer.featurize(rows), scorer.featurizer.transform(rows))
     assert scorer.featurize(records).shape == (64, scorer.featurizer.n_features)
+
+
+def test_served_hot_path_checks_records_against_the_schema_and_scores_like_predict(champion):
+    from hybridtrain.serving.request import BadRecords, RecordReader
+    from hybridtrain.serving.server import hot_path
+
+    scorer, reader = hot_path(champion)
+    assert isinstance(reader, RecordReader)
+    assert set(reader.columns) == set(champion.metadata.get_input_schema().input_names())
+    frame = churn_records(40, seed=11)
+    frame.loc[2, "satisfaction_score"] = np.nan  # sent as null: imputed as in training
+    records = json.loads(frame.to_json(orient="records"))
+    records[0]["account_id"] = "A-1"  # extra keys are ignored, as by MLflow
+    columns = reader.read(json.dumps({"dataframe_records": records}))
+    np.testing.assert_array_equal(scorer.score_columns(columns.values, columns.rows), champion.predict(frame))
+    assert reader.read(json.dumps({"dataframe_split": json.loads(frame.to_json(orient="split"))})) is None
+
+    def problem(change) -> str:
+        recs = json.loads(frame.head(3).to_json(orient="records"))
+        change(recs)
+        with pytest.raises(BadRecords) as exc:
+            reader.read(json.dumps({"dataframe_records": recs}))
+        return str(exc.value)
+
+    assert problem(lambda r: r[1].pop("contract")).startswith("record 1 lacks the feature column contract")
+    assert problem(lambda r: r[2].update(monthly_charges="lots")) == \
+        'column monthly_charges: record 2 has "lots", but the column takes a number or null'
+    assert "takes an integer" in problem(lambda r: r[0].update(num_products=1.5))
+    assert "takes true or false" in problem(lambda r: r[0].update(has_streaming="yes"))
+    with pytest.raises(MlflowException, match="unseen category 'barter' in 1 record"):
+        cols = reader.read(json.dumps({"dataframe_records": [{**records[0], "payment_method": "barter"}]}))
+        scorer.score_columns(cols.values, cols.rows)
