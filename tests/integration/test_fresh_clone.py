@@ -46,7 +46,7 @@ def newcomer_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
 
 
-def cli(root: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def cli(root: Path, *args: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "orchestration.cli", *args], cwd=root, env=newcomer_env(),
                           capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -99,7 +99,7 @@ def test_plan_and_status_need_no_setup(tmp_path):
 @pytest.mark.slow
 def test_run_in_a_fresh_clone_sets_itself_up(tmp_path):
     root = with_small_data(fresh_clone(tmp_path / "clone"))
-    out = cli(root, "run", "jobs/small.yaml", timeout=420)
+    out = cli(root, "run", "jobs/small.yaml", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Model churn-classifier version 1" in out.stdout
     assert "Traceback" not in out.stderr
@@ -117,7 +117,7 @@ def test_readme_python_snippet_in_a_fresh_clone(tmp_path):
     root = with_small_data(fresh_clone(tmp_path / "clone"))
     code = readme_snippet().replace("jobs/churn.yaml", "jobs/small.yaml")  # the README's, on the small sample
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env=newcomer_env(), capture_output=True,
-                         text=True, timeout=420, check=False)
+                         text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     version, _champion, auc = out.stdout.strip().splitlines()[-1].split()
     assert version == "1" and 0.0 <= float(auc) <= 1.0
@@ -136,7 +136,7 @@ def test_killed_run_leaves_no_server_and_is_marked_crashed(tmp_path):
     try:
         # The MLflow run is open once a stage has started.
         wait_until(lambda: "[preprocess]" in (tmp_path / "run.log").read_text() or proc.poll() is not None,
-                   "the run's first stage", timeout=300, every=0.5)
+                   "the run's first stage", timeout=420, every=0.5)
         assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
         servers = [c for c in psutil.Process(proc.pid).children(recursive=True)
                    if "prefect.server.api.server:create_app" in " ".join(c.cmdline())]
