@@ -15,6 +15,11 @@ worker marks it CRASHED and that is the end. Every few minutes this flow:
    that is (``flows.supervise`` moves it to the newly placed site), tagged
    ``recovered-from:<id>`` and with an idempotency key so two recovery runs cannot both resubmit.
 
+Before that, runs outside any pool (``hybridtrain run`` and Python sessions) whose owning process
+died, or that sent no flow-run heartbeat within the heartbeat timeout, are marked CRASHED and their
+MLflow runs KILLED (``orchestration.stale_runs``); not being deployment runs, they are listed as
+skipped, with the ``--run-key`` that resumes them.
+
 Each decision is audited and listed in a table artifact.
 """
 
@@ -40,6 +45,7 @@ from prefect.states import Crashed
 
 from hybridtrain import stages
 from orchestration.context import run_workspace
+from orchestration.stale_runs import reap_stale_runs
 
 RECOVERED = "hybridtrain:recovered"
 ACTIVE = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED]
@@ -73,6 +79,8 @@ def recover_runs(workspace: str | None = None, flow_name: str = "training-lifecy
     """Resubmit crashed or lost lifecycle runs with resume; returns one row per run looked at."""
     log = get_run_logger()
     ws = run_workspace(workspace)
+    for stale in reap_stale_runs(ws):
+        log.warning("%s: marked CRASHED: %s", stale["name"], stale["reason"])
     now = datetime.now(UTC)
     rows: list[dict[str, str]] = []
     with get_client(sync_client=True) as client:

@@ -3,6 +3,8 @@
 Each class tells the orchestrator how to react:
 
 - ``SpecError`` / ``DataError`` — the user must fix the spec or the data; never retried.
+- ``DatasetMissing`` — the pinned dataset is nowhere a run could read it; one line naming the command
+  that makes or fetches it (``hybridtrain run`` checks before it starts anything).
 - ``LeakDetected`` — a raw sensitive value survived anonymization; the sync is refused.
 - ``NoFeasiblePlacement`` — every candidate site was rejected; carries each site and the rule.
 - ``SiteUnavailable`` — a site cannot be reached now; try the next allowed site.
@@ -77,6 +79,16 @@ class DataError(HybridtrainError):
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"dataset {dataset} failed validation:\n{lines}")
+
+
+class DatasetMissing(HybridtrainError):
+    """The job's dataset is not in the checkout, its DVC cache or its site's store. Make or fetch it."""
+
+    exit_code = 3
+
+    def __init__(self, dataset: str, message: str):
+        self.dataset = dataset
+        super().__init__(message)
 
 
 class LeakDetected(HybridtrainError):

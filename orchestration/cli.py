@@ -3,7 +3,9 @@
 The core's commands (validate, plan, simulate, status, data, audit, ledger, rollback, …) live in
 ``hybridtrain.cli.main`` and import no Prefect. This module adds the commands that talk to a Prefect
 server or run flows — ``init``, ``run``, ``demo``, ``credentials``, ``deploy`` — and is the
-installed entry point.
+installed entry point. Prefect and the flows are imported only by those commands, after the quick
+checks (spec, data), so a mistake in a fresh clone is one line within about a second; each of them
+opens a session first (``orchestration.session``: implicit, idempotent set-up, no ``init`` needed).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from flows.lifecycle import lifecycle
 from hybridtrain.cli import progress
 from hybridtrain.cli.main import (
     HomeOpt,
@@ -25,11 +26,11 @@ from hybridtrain.cli.main import (
     ensure_sample_data,
     err,
     fail,
-    init_workspace,
     main,
     open_workspace,
     print_summary,
 )
+from hybridtrain.cli.preflight import check_dataset
 from hybridtrain.cli.run_log import RunLog
 from hybridtrain.errors import HybridtrainError, Problem, SpecError
 from hybridtrain.placement.policy import Policy
@@ -43,23 +44,28 @@ __all__ = ["app", "main"]
 sweep_cli.register(app)
 
 
-def _init_prefect(ws: Workspace) -> bool:
-    from blocks.register import ensure_pseudonym_key, ensure_release_key, register_sites
-    register_sites(ws.load_sites())
-    ensure_release_key(ws.release_key_block, ws.release_public_key)
-    return ensure_pseudonym_key(ws.pseudonym_key_block)
+def _open_session(home: Path | None) -> Any:
+    """The workspace's session (``orchestration.session``), saying which stale runs it marked crashed."""
+    from orchestration.session import open_session  # lazy: heavy (prefect)
+
+    session = open_session(home)
+    for row in session.crashed:
+        mlflow = f"; MLflow run {row['mlflow_runs']} KILLED" if row["mlflow_runs"] else ""
+        err.print(f"marked stale run {row['name']} ({row['flow_run']}) CRASHED: {row['reason']}{mlflow}",
+                  markup=False, highlight=False, soft_wrap=True)
+    return session
 
 
 @app.command()
 def init(home: HomeOpt = None) -> None:
-    """Set up a workspace: DVC repo and remotes from the sites catalog, site blocks, pseudonym key."""
-    ws = open_workspace(home)
+    """Set up a workspace now (every command that needs it does it by itself): DVC repo and remotes from the
+    sites catalog, site blocks, signing and pseudonym keys; marks runs a killed process left RUNNING crashed."""
     try:
-        init_workspace(ws)
-        created = _init_prefect(ws)
+        session = _open_session(home)
     except HybridtrainError as exc:
         fail(exc)
-    console.print(f"workspace ready at {ws.root}; pseudonym key {'created' if created else 'already present'}")
+    console.print(f"workspace ready at {session.ws.root}; pseudonym key "
+                  f"{'created' if session.key_created else 'already present'}")
 
 
 def _policy(ws: Workspace, sites: Any) -> Any:
@@ -69,9 +75,12 @@ def _policy(ws: Workspace, sites: Any) -> Any:
 def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch: str, job: Any = None) -> Any:
     """Run the lifecycle flow here, showing its progress (bars on a terminal, plain lines otherwise); a user
     error prints one clear line (Prefect's traceback goes to the run's log file only)."""
+    from flows.lifecycle import lifecycle  # lazy: heavy (prefect, torch)
+    from orchestration.session import owned_runs  # lazy: heavy (prefect)
+
     with RunLog(ws.state_dir / "logs") as log:
         try:
-            with progress.shown(console):
+            with progress.shown(console), owned_runs():
                 return lifecycle(spec_path=str(spec_path), spec=job, workspace=str(ws.root), run_key=run_key,
                                  dispatch=dispatch)
         except HybridtrainError as exc:
@@ -106,10 +115,12 @@ def run(
     if dispatch not in ("auto", "inline", "pools"):
         err.print(f"--dispatch must be auto, inline or pools, not {dispatch!r}")
         raise typer.Exit(2)
-    ws = open_workspace(home)
+    ws = Workspace.resolve(home)
     try:
         sites = ws.load_sites()
-        load_job(spec if spec.is_absolute() else ws.root / spec, sites, _policy(ws, sites))
+        job = load_job(spec if spec.is_absolute() else ws.root / spec, sites, _policy(ws, sites))
+        check_dataset(ws, job, sites, str(spec))
+        ws = _open_session(home).ws
         summary = _run_lifecycle(ws, spec, run_key, dispatch)
     except HybridtrainError as exc:
         fail(exc)
@@ -128,7 +139,6 @@ def demo(
     """Everything on embedded defaults: workspace, sample data, the whole lifecycle, a summary."""
     ws = open_workspace(home)
     try:
-        init_workspace(ws)
         md5, generated = ensure_sample_data(ws, rows, 20261121, None)
         sites = ws.load_sites()
         job = load_job(ws.root / spec if not spec.is_absolute() else spec, sites, _policy(ws, sites))
@@ -137,8 +147,8 @@ def demo(
                                                                f"data is {md5}; run `hybridtrain data generate "
                                                                f"--pin {spec}` to pin it")])
         console.print(f"sample data {'generated' if generated else 'present'}: data/raw/churn.csv md5 {md5}")
-        created = _init_prefect(ws)
-        console.print(f"Prefect blocks registered; pseudonym key {'created' if created else 'present'}")
+        session = _open_session(home)
+        console.print(f"Prefect blocks registered; pseudonym key {'created' if session.key_created else 'present'}")
         # The embedded default runs every stage in this process, whatever deployments exist.
         variant = demo_variant(ws, job)
         if variant is not None:
@@ -170,9 +180,10 @@ def credentials(
     home: HomeOpt = None,
 ) -> None:
     """Store a site's credentials in its Prefect block (encrypted server-side; never in YAML or git)."""
-    ws = open_workspace(home)
-    from blocks.register import register_sites, set_credentials
+    from blocks.register import register_sites, set_credentials  # lazy: heavy (prefect)
+
     try:
+        ws = _open_session(home).ws
         catalog = ws.load_sites()
         catalog.get(site)
         register_sites(catalog)

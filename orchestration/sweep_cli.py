@@ -70,10 +70,14 @@ def sweep(
         if plan:
             _print_plan(ws, job, sites, dataset_bytes, queue or [], as_json)
             return
-        from flows.sweep import sweep as sweep_flow
+        from orchestration.session import open_session, owned_runs  # lazy: heavy (prefect)
 
-        summary = sweep_flow(spec_path=str(spec), workspace=str(ws.root), storage=storage, dispatch=dispatch,
-                             promote_best=promote)
+        open_session(ws.root)
+        from flows.sweep import sweep as sweep_flow  # lazy: heavy (prefect, torch, optuna)
+
+        with owned_runs():
+            summary = sweep_flow(spec_path=str(spec), workspace=str(ws.root), storage=storage, dispatch=dispatch,
+                                 promote_best=promote)
     except HybridtrainError as exc:
         _fail(exc)
     if as_json:

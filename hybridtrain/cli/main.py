@@ -55,7 +55,10 @@ UI_HINT = (
 
 def open_workspace(home: Path | None) -> Workspace:
     ws = Workspace.resolve(home)
-    for k, v in ws.prefect_env().items():
+    env = ws.prefect_env()
+    if env:  # Prefect's home must exist before anything points it there
+        Path(env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    for k, v in env.items():
         os.environ.setdefault(k, v)
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "hybridtrain")
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
@@ -66,7 +69,8 @@ def open_workspace(home: Path | None) -> Workspace:
 
 def fail(exc: HybridtrainError) -> None:
     # The message is text, not markup: escape it, or rich would eat "[a, b]" in it.
-    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
+    # soft_wrap: a one-line message stays one line in a log or a pipe, whatever the console width.
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True, soft_wrap=True)
     raise typer.Exit(exc.exit_code)
 
 
@@ -231,8 +235,8 @@ def status(
     """Recent lifecycle runs and each model's champion version and metrics."""
 
     ws = Workspace.resolve(home)
-    reg = Registry(ws.tracking_uri, ws.mlflow_artifacts)
-    runs = reg.recent_runs(ws.experiment, limit)
+    fresh = ws.tracking_uri.startswith("sqlite:///") and not Path(ws.tracking_uri.removeprefix("sqlite:///")).exists()
+    runs = [] if fresh else (reg := Registry(ws.tracking_uri, ws.mlflow_artifacts)).recent_runs(ws.experiment, limit)
     if not runs:
         console.print(f"no runs yet in {ws.tracking_uri}; run `make demo` or `hybridtrain run jobs/churn.yaml`")
         return
