@@ -416,7 +416,7 @@ class Simulation:
                            evict=self.ct.evict, margin_s=self.ct.controller_interval_s)
         for ev in plan.evictions:
             self.evict(t, ev.run_id, None if ev.resume_here else (ev.to_site, ev.decision.capacity_class))
-        for rid in {ev.for_run for ev in plan.evictions}:
+        for rid in dict.fromkeys(ev.for_run for ev in plan.evictions):  # in the plan's order
             e = by_id.get(rid)
             if e is not None and e.tier is not QueueTier.stay and not e.cancelled:
                 e.cancelled = True  # an urgent run goes to the first queue
