@@ -15,8 +15,9 @@ How a pass works:
    this site; if it picks another site the run moves, and the pool is replayed without it — one
    move can save the runs behind it — before the next at-risk run is looked at.
 2. A run whose data may not leave is never moved (nor is an urgent one, which only this pool
-   can still get done in time). If it would still miss its deadline, and starting now would
-   save it, running runs that *could* leave are stopped to make room,
+   can still get done in time — or, for a short run, get done cheapest: the engine's decision
+   for a late run may itself come back urgent). If it would still miss its deadline, and
+   starting now would save it, running runs that *could* leave are stopped to make room,
    cheapest first: one whose own deadline allows goes back to the head of its queue and resumes
    here from its last checkpoint when the room is free again; otherwise it resumes where the
    engine places the work it has left.
@@ -206,6 +207,8 @@ def plan_bursts(
             held.append(Hold(run.run_id, partial(str, f"no site may run it: {err}")))
             continue
         if d.site == site:
+            if d.urgent:  # only starting here now makes it (or is cheapest): make room as for a run that must stay
+                stuck.append(run)
             held.append(Hold(run.run_id, partial(lambda d: "; ".join(d.reasons), d)))
             continue
         moves.append(Move(run.run_id, site, d))

@@ -72,3 +72,20 @@ class HistoryQuantile:
 
     def estimate(self, declared_hours: float, job_class: str | None = None, quantile: float | None = None) -> float:
         return declared_hours * self.ratio(job_class, quantile)
+
+
+def plan_hours(estimate_h: float, declared_h: float, time_left_h: float | None = None) -> float:
+    """The hours to plan a run with: the estimate, never above the declared limit nor — with a
+    deadline — above the time left until it.
+
+    A deadline nearer than the estimate says the run is shorter than its class's history suggests
+    (whoever set the deadline expects it to be met) or that it is late wherever it goes; either
+    way planning with the time left gives it its only chance, an immediate on-prem start, instead
+    of writing it off as late everywhere. Never below a second, so every run takes some time.
+
+    Example: declared 4 h, history says 2 h, deadline in 30 minutes → plan 0.5 h.
+    """
+    hours = min(estimate_h, declared_h)
+    if time_left_h is not None:
+        hours = min(hours, time_left_h)
+    return max(hours, 1.0 / 3600.0)

@@ -139,11 +139,16 @@ class OnPremFirst:
     """Stay on-prem while the job still meets its deadline there; otherwise burst to the cheapest site that does.
 
     Steps: (1) if an allowed on-prem candidate finishes by the deadline — or, without a deadline,
-    starts within the policy's wait SLO — take the cheapest such one; (2) otherwise take the
-    cheapest allowed candidate (cloud on-demand, or spot priced with its on-demand fallback) that
-    meets it; (3) if none does but on-prem would were the run to start now, take on-prem as
-    *urgent* (first queue; the burst controller makes room); (4) otherwise the candidate that
-    misses by least, flagged.
+    starts within the policy's wait SLO — take the cheapest such one; (2) with
+    ``displace_max_hours`` > 0, a run planned at most that many hours that on-prem would still
+    get done by its deadline if it started now, and that on-prem runs cheaper than any site
+    meeting the deadline, is taken on-prem as *urgent* instead of bursting: stopping a running
+    run at its checkpoint for a short while (the controller picks the one that loses least)
+    costs less than an on-demand start, a sync and a checkpoint sent home; (3) otherwise take
+    the cheapest allowed candidate (cloud on-demand, or spot priced with its on-demand
+    fallback) that meets it; (4) if none does but on-prem would were the run to start now,
+    take on-prem as *urgent* (first queue; the burst controller makes room); (5) otherwise the
+    candidate that misses by least, flagged.
 
     Example: 8 on-prem GPUs all busy, 3 runs queued; a 1-GPU, 2 h job due in 6 h. Queue wait is
     estimated at 1 h → finish in 3 h → stays on-prem. Ten more runs arrive; the next such job
@@ -153,6 +158,8 @@ class OnPremFirst:
     """
 
     name: ClassVar[str] = "onprem_first"
+    #: Runs planned at most this many hours displace a running run rather than burst (0: never).
+    displace_max_hours: float = 0.0
 
     def choose(self, c: CandidateView) -> Choice:
         pos = c.cheapest("onprem")
@@ -164,6 +171,10 @@ class OnPremFirst:
                             f"(queue wait {hhmm(c.wait(pos))})"]
                 return [f"on-prem first: {c.site(pos)} starts in {hhmm(c.start_in(pos))}, within {due_text(c)}"]
             return Choice(pos, stay)
+        if self.displace_max_hours > 0 and c.deadline is not None and c.request.run_hours <= self.displace_max_hours:
+            displace = self._displace(c)
+            if displace is not None:
+                return displace
         choice = cheapest_meeting(c, onprem_status)
         if choice.pos < 0 or c.priced(choice.pos).meets:
             return choice
@@ -176,6 +187,23 @@ class OnPremFirst:
                                        f"but {c.site(now)} would if the run started now: queued first as urgent, "
                                        f"the burst controller makes room"]
         return Choice(now, urgent, urgent=True)
+
+    def _displace(self, c: CandidateView) -> Choice | None:
+        """Step (2): a short run on-prem now, as urgent, when that is cheaper than the cheapest site meeting its deadline."""
+        now = c.cheapest_meeting_if_started_now("onprem")
+        if now < 0:
+            return None
+        other = c.cheapest()
+        if other >= 0 and c.total(other) <= c.total(now):
+            return None
+
+        def reasons() -> list[str]:
+            alt = (f"{c.label(other)} at ${c.total(other):.2f}" if other >= 0
+                   else "no other site meets it either")
+            return [*onprem_status(c), (f"a {hhmm(c.request.run_hours * 3600.0)} run (≤ {self.displace_max_hours:g} h): "
+                                        f"{c.site(now)} at ${c.total(now):.2f} if it starts now, cheaper than "
+                                        f"bursting ({alt}) — queued first as urgent, the burst controller makes room")]
+        return Choice(now, reasons, urgent=True)
 
 
 @STRATEGIES.register

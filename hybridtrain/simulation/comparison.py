@@ -195,7 +195,7 @@ class Tuning:
 
 
 #: (quantile a run is planned with, quantile the runs behind it assume; None: the same)
-GRID = ((0.9, None), (0.9, 0.5), (0.9, 0.75), (1.0, None), (1.0, 0.5), (1.0, 0.75))
+GRID = ((0.5, None), (0.75, 0.5), (0.9, None), (0.9, 0.5), (1.0, None), (1.0, 0.5))
 
 
 def tune(scenario: Scenario, jobs: Sequence[SimJob], grid: Sequence[tuple[float, float | None]] = GRID) -> Tuning:

@@ -2,8 +2,9 @@
 
 Nothing here decides where a job goes: every placement is ``Placement.decide`` (with the strategy
 under test), every move or eviction is ``plan_bursts``, every slot hand-out is ``admit``, every
-spot-or-on-demand switch is a ``SpotRule`` — the same code the flows call. The simulator only
-supplies what the live system would: the clock, the on-prem pool's state (for our policy one work
+spot-or-on-demand switch is a ``SpotRule`` — the same code the flows call (for our policy the
+controller also runs as soon as a run is queued as urgent, not only at its next tick). The
+simulator only supplies what the live system would: the clock, the on-prem pool's state (for our policy one work
 queue per ``QueueTier``; for the baselines a single queue), queue snapshots built from the
 engine's *own* duration estimates (a ``HistoryQuantile`` learning from the runs that finished so
 far), spot outlooks read from the spot trace up to "now", and — when a run actually executes —
@@ -36,7 +37,7 @@ from typing import ClassVar
 from hybridtrain.errors import NoFeasiblePlacement
 from hybridtrain.placement.burst import RunningRun, WaitingRun, plan_bursts
 from hybridtrain.placement.cost_model import CostModel
-from hybridtrain.placement.duration_estimator import DeclaredLimit, DurationEstimator, HistoryQuantile
+from hybridtrain.placement.duration_estimator import DeclaredLimit, DurationEstimator, HistoryQuantile, plan_hours
 from hybridtrain.placement.engine import CandidateView, Placement
 from hybridtrain.placement.policy import Policy
 from hybridtrain.placement.queue_state import (
@@ -97,6 +98,8 @@ class Contender:
     #: quantile of the history estimate for runs *ahead in a queue* (None: the same as for the run itself)
     queue_quantile: float | None = None
     spot_work: str = "limit"  # what the spot rule thinks is left: "limit" (declared) or "estimate"
+    deadline_cap: bool = False  # plan a run with at most the time left to its deadline (``plan_hours``)
+    urgent_pass: bool = False  # a controller pass as soon as an urgent run is queued, not at the next tick
 
 
 @dataclass(slots=True)
@@ -189,15 +192,18 @@ def contenders(threshold_limits: Sequence[int] = (0, 1, 2, 4, 8, 16, 32, 64),
 
 
 def our_policy(quantile: float = 0.9, stay_reserve: int = 0, evict: bool = True, queue_quantile: float | None = 0.5,
-               spot_work: str = "limit", controller_interval_s: float = 600.0) -> Contender:
-    """Our policy: the policy file's strategies, burst controller (with evictions), tiered on-prem
-    queues, uniform progress on spot, and the engine's history estimates at ``quantile`` for a run
-    itself and ``queue_quantile`` for the runs queued behind it."""
+               spot_work: str = "limit", controller_interval_s: float = 600.0, deadline_cap: bool = True,
+               urgent_pass: bool = True) -> Contender:
+    """Our policy: the policy file's strategies, burst controller (with evictions, and a pass as soon
+    as an urgent run is queued), tiered on-prem queues, uniform progress on spot, and the engine's
+    history estimates at ``quantile`` for a run itself — at most the time left to its deadline —
+    and ``queue_quantile`` for the runs queued behind it."""
     return Contender(
         "ours", strategy=None, controller=True, controller_interval_s=controller_interval_s, tiered_queues=True,
         spot_rule=UniformProgress(),
         estimator=lambda q=quantile: HistoryQuantile(quantile=q), queue_quantile=queue_quantile,
-        spot_work=spot_work, stay_reserve=stay_reserve, evict=evict,
+        spot_work=spot_work, stay_reserve=stay_reserve, evict=evict, deadline_cap=deadline_cap,
+        urgent_pass=urgent_pass,
     )
 
 
@@ -243,7 +249,8 @@ class Simulation:
     # --- inputs the engine sees --------------------------------------------------------------
 
     def request(self, job: SimJob) -> ResourceRequest:
-        est = min(self.estimator.estimate(job.declared_hours, job.job_class), job.declared_hours)
+        left = (job.deadline - job.arrival) / 3600.0 if self.ct.deadline_cap and job.deadline is not None else None
+        est = plan_hours(self.estimator.estimate(job.declared_hours, job.job_class), job.declared_hours, left)
         return ResourceRequest(
             job=job.id, gpus=job.gpus, run_hours=est, max_run_hours=job.declared_hours,
             submitted_at=job.arrival + self.offset, data_site=self.data_site, dataset_bytes=job.dataset_bytes,
@@ -318,6 +325,9 @@ class Simulation:
             return
         if d.site == self.sc.onprem:
             self.enqueue(t, job, req, d.queue_tier if ct.tiered_queues else QueueTier.on_demand)
+            if ct.urgent_pass and d.urgent and self.waiting:
+                self.control(t)
+                self.start_ready(t)
         else:
             self.run_cloud(t, job, req, d.site, d.capacity_class)
 
@@ -379,9 +389,19 @@ class Simulation:
 
     def tick(self, t: float) -> None:
         self.next_tick = math.inf
+        if not self.control(t):
+            return
+        self.start_ready(t)
+        if self.waiting:
+            self.next_tick = t + self.ct.controller_interval_s
+            self.push(self.next_tick, "tick", None)
+
+    def control(self, t: float) -> bool:
+        """One burst-controller pass (``plan_bursts``) carried out: evictions, urgent runs to the first
+        queue, moves. False when nothing waits."""
         waiting = [e for q in self.queues for e in q if not e.cancelled]
         if not waiting:
-            return
+            return False
         runs = [WaitingRun(e.job.id, e.request, e.enqueued + self.offset, max(e.expected_h - e.done_h, 0.01), e.tier)
                 for e in waiting]
         by_id = {e.job.id: e for e in waiting}
@@ -396,6 +416,12 @@ class Simulation:
                            evict=self.ct.evict, margin_s=self.ct.controller_interval_s)
         for ev in plan.evictions:
             self.evict(t, ev.run_id, None if ev.resume_here else (ev.to_site, ev.decision.capacity_class))
+        for rid in dict.fromkeys(ev.for_run for ev in plan.evictions):  # in the plan's order
+            e = by_id.get(rid)
+            if e is not None and e.tier is not QueueTier.stay and not e.cancelled:
+                e.cancelled = True  # an urgent run goes to the first queue
+                self.queues[QueueTier.stay].append(_Queued(e.job, e.request, e.enqueued, QueueTier.stay,
+                                                           e.expected_h, e.done_h))
         for move in plan.moves:
             e = by_id[move.run_id]
             e.cancelled = True
@@ -403,10 +429,7 @@ class Simulation:
             # an evicted run queued again keeps the work it had checkpointed
             self.run_cloud(t, e.job, e.request, move.to_site, move.decision.capacity_class, moved=True,
                            done_h=e.done_h)
-        self.start_ready(t)
-        if self.waiting:
-            self.next_tick = t + self.ct.controller_interval_s
-            self.push(self.next_tick, "tick", None)
+        return True
 
     def evict(self, t: float, job_id: str, to: tuple[str, CapacityClass] | None) -> None:
         """Stop an on-prem run at its last checkpoint; queue it again here (``to=None``) or resume it at ``to``."""
