@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from hybridtrain.drill.processes import stop_with_children
+from hybridtrain.drill.timeline import wait_until
 from hybridtrain.service.stack import Stack
-from tests.fixtures.processes import wait_for_workers
 from tests.fixtures.workspaces import ROOT, spec_writer
 from tests.service.conftest import stack_cli
 
@@ -51,12 +51,18 @@ def site_env(stack: Stack, root: Path) -> dict[str, str]:
     return env
 
 
-def cli(stack: Stack, root: Path, *args: str) -> subprocess.CompletedProcess:
-    """`hybridtrain ARGS --home ROOT` at a site, run from that site's own clone."""
-    proc = subprocess.run([sys.executable, "-m", "orchestration.cli", *args, "--home", str(root)], cwd=root,
-                          env=site_env(stack, root), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"hybridtrain {' '.join(args)}: {proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc
+def start_cli(stack: Stack, root: Path, log: Path, *args: str) -> subprocess.Popen:
+    """`hybridtrain ARGS --home ROOT` at a site, run from that site's own clone (output to ``log``)."""
+    (root / ".hybridtrain" / "prefect").mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as fh:
+        return subprocess.Popen([sys.executable, "-m", "orchestration.cli", *args, "--home", str(root)], cwd=root,
+                                env=site_env(stack, root), stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+
+
+def finished(proc: subprocess.Popen, log: Path, timeout: float = 600) -> str:
+    assert proc.wait(timeout=timeout) == 0, f"{' '.join(proc.args[2:])} exited {proc.returncode}:\n{log.read_text()[-4000:]}"
+    return log.read_text()
 
 
 def use_cloud_s3_store(root: Path, stack: Stack) -> None:
@@ -96,6 +102,8 @@ def test_a_lifecycle_runs_across_sites_that_share_no_checkout(control_plane):
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    from orchestration.dispatch import workers_online
+
     stack, base = control_plane
     bare = base / "hybridtrain.git"
     git("init", "-q", "--bare", str(bare))
@@ -109,33 +117,34 @@ def test_a_lifecycle_runs_across_sites_that_share_no_checkout(control_plane):
     boto3.client("s3", endpoint_url=stack.s3_url, aws_access_key_id="testing", aws_secret_access_key="testing",
                  region_name="us-east-1").create_bucket(Bucket=CLOUD_BUCKET)
 
-    # The gateway: raw data into its own store, the job pinned to it, deployments that clone the code.
-    cli(stack, onprem, "data", "generate", "--rows", "2000", "--pin", "jobs/churn.yaml")
-    spec_writer(onprem)("sites-e2e", model__epochs=2)
-    deployed = cli(stack, onprem, "deploy", "--code-repo", f"file://{bare}")
-    assert f"pool cloud: workers clone commit {sha}" in deployed.stdout, deployed.stdout
-
-    logs = [base / "worker-onprem.log", base / "worker-cloud.log"]
-    workers = []
+    # At once: the gateway generates the raw data into its own store and deploys (the pools' deployments clone
+    # the code from the bare repository); each site starts its worker from its own root.
+    logs = {name: base / f"{name}.log" for name in ("data", "deploy", "worker-onprem", "worker-cloud")}
+    workers = [start_cli(stack, root, logs[f"worker-{pool}"], "worker", "--pool", pool)
+               for pool, root in (("onprem", onprem), ("cloud", cloud))]
+    data = start_cli(stack, onprem, logs["data"], "data", "generate", "--rows", "2000", "--pin", "jobs/churn.yaml")
+    deploy = start_cli(stack, onprem, logs["deploy"], "deploy", "--code-repo", f"file://{bare}")
     try:
-        for (pool, root), log in zip((("onprem", onprem), ("cloud", cloud)), logs, strict=True):
-            with open(log, "wb") as fh:
-                workers.append(subprocess.Popen(
-                    [sys.executable, "-m", "orchestration.cli", "worker", "--pool", pool, "--home", str(root)],
-                    cwd=root, env=site_env(stack, root), stdout=fh, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL))
+        finished(data, logs["data"])
+        spec_writer(onprem)("sites-e2e", model__epochs=2)
+        deployed = finished(deploy, logs["deploy"])
+        assert f"pool cloud: workers clone commit {sha}" in deployed, deployed
         with temporary_settings(updates={PREFECT_API_URL: stack.prefect_api}):
-            wait_for_workers(["onprem", "cloud"], workers, logs)
+            wait_until(lambda: all(workers_online(p) for p in ("onprem", "cloud")) or any(
+                w.poll() is not None for w in workers), "both sites' workers to come online", timeout=RUN_TIMEOUT_S,
+                every=1.0)
+            assert all(w.poll() is None for w in workers), logs["worker-onprem"].read_text()[-3000:] + \
+                logs["worker-cloud"].read_text()[-3000:]
             run = run_deployment(LIFECYCLE, parameters={"spec_path": "jobs/sites-e2e.yaml"},
                                  timeout=RUN_TIMEOUT_S, poll_interval=1)
-            tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in logs)
+            tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in logs.values())
             assert run.state is not None and run.state.is_completed(), f"{run.state}\n{tails}"
             with get_client(sync_client=True) as client:
                 stages = client.read_flow_runs(flow_run_filter=FlowRunFilter(
                     parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
                 flows = {f.id: f.name for f in client.read_flows()}
     finally:
-        stop_with_children(*workers, grace_s=20)
+        stop_with_children(*workers, data, deploy, grace_s=20)
 
     ran = {(flows[r.flow_id], r.work_pool_name) for r in stages if r.state and r.state.is_completed()}
     assert {("prepare-data", "onprem"), ("sync-data", "onprem"), ("train-stage", "cloud")} <= ran, ran
