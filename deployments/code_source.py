@@ -2,19 +2,18 @@
 
 By default (``hybridtrain deploy``) every deployment's pull step enters the deploying checkout
 (``set_working_directory``): workers share this host's files. For sites on separate hosts,
-``hybridtrain deploy --code-repo [POOL=]URL`` gives a pool's deployments these pull steps instead,
-run by the worker at its site when a flow run starts::
+``hybridtrain deploy --code-repo [POOL=]URL`` gives a pool's deployments this pull step instead, run
+by the worker at its site when a flow run starts::
 
-    - prefect.deployments.steps.set_working_directory:
-        directory: "{{ $HYBRIDTRAIN_HOME }}"          # the worker's own site root (its environment)
     - prefect.deployments.steps.git_clone:
-        repository: URL                               # as that site reaches the repository
-        commit_sha: <the deployer's commit>           # every site runs the deployed code
-        clone_directory_name: .hybridtrain/code/<sha12>
+        repository: URL                       # as that site reaches the repository
+        commit_sha: <the deployer's commit>   # every site runs the deployed code
 
-The flow then imports the project from that clone; the workspace (configs, data, state) stays the
-site root. Deployments lose the deployer's ``HYBRIDTRAIN_HOME`` from their job environment, so each
-worker's own value applies.
+The process worker starts each flow run in a fresh temporary directory; the step clones the commit
+there and the flow imports the project from that clone. The workspace (configs, data, state) is the
+worker's own site root, ``HYBRIDTRAIN_HOME`` in its environment: the deployments lose the deployer's
+value from their job environment. (A pull step's ``{{ $VAR }}`` is filled in by ``prefect deploy``
+from the deployer's environment, so the site root cannot be named in the step itself.)
 """
 
 from __future__ import annotations
@@ -26,10 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from hybridtrain.errors import Problem, SpecError
-
-CLONE_DIR = ".hybridtrain/code"
-SITE_ROOT = "{{ $HYBRIDTRAIN_HOME }}"
-
 
 @dataclass(frozen=True)
 class CodeSource:
@@ -69,11 +64,7 @@ class CodeSource:
         url = self.repositories.get(pool)
         if url is None:
             return None
-        return [
-            {"prefect.deployments.steps.set_working_directory": {"directory": SITE_ROOT}},
-            {"prefect.deployments.steps.git_clone": {"repository": url, "commit_sha": self.commit,
-                                                     "clone_directory_name": f"{CLONE_DIR}/{self.commit[:12]}"}},
-        ]
+        return [{"prefect.deployments.steps.git_clone": {"repository": url, "commit_sha": self.commit}}]
 
     def apply(self, config: dict[str, Any]) -> dict[str, Any]:
         """``deployments/prefect.yaml`` (loaded, anchors expanded) with the pull steps of each deployment's pool."""

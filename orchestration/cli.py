@@ -233,7 +233,7 @@ def worker(
 
     Flow runs get HYBRIDTRAIN_HOME set to the site root: their workspace (sites catalog, jobs, data, the
     site's stores and state). Deployments made with `hybridtrain deploy --code-repo` clone the deployed
-    commit into SITE_ROOT/.hybridtrain/code/ and run from there."""
+    commit into each run's directory and run the flow from there."""
     ws = Workspace.resolve(home)
     if not os.environ.get("PREFECT_API_URL"):
         err.print("set PREFECT_API_URL to the control plane's Prefect server (e.g. http://gateway:4200/api)")

@@ -28,7 +28,7 @@ def checkout(tmp_path: Path) -> tuple[Path, str]:
     return repo, sha
 
 
-def test_each_pool_clones_the_deployed_commit_into_its_site_root(checkout):
+def test_each_pool_clones_the_deployed_commit(checkout):
     repo, sha = checkout
     code = CodeSource.parse(["cloud=https://git.example/ml.git"], POOLS, repo)
     config = code.apply(yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text()))
@@ -37,9 +37,7 @@ def test_each_pool_clones_the_deployed_commit_into_its_site_root(checkout):
         by_pool.setdefault(dep["work_pool"]["name"], []).append(dep)
     for dep in by_pool["cloud"]:
         assert dep["pull"] == [
-            {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $HYBRIDTRAIN_HOME }}"}},
-            {"prefect.deployments.steps.git_clone": {"repository": "https://git.example/ml.git", "commit_sha": sha,
-                                                     "clone_directory_name": f".hybridtrain/code/{sha[:12]}"}}]
+            {"prefect.deployments.steps.git_clone": {"repository": "https://git.example/ml.git", "commit_sha": sha}}]
         assert "HYBRIDTRAIN_HOME" not in dep["work_pool"]["job_variables"]["env"]  # the worker's own applies
     for dep in by_pool["onprem"]:  # no repository for this pool: it keeps the shared checkout
         assert "pull" not in dep and dep["work_pool"]["job_variables"]["env"]["HYBRIDTRAIN_HOME"]
