@@ -8,12 +8,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.workers.process import ProcessWorker
-
-import yaml
 
 from blocks.register import ensure_pseudonym_key, ensure_release_key, register_sites
 from deployments.code_source import CodeSource
@@ -81,7 +80,7 @@ def apply_deployments(ws: Workspace, report: BootstrapReport, code: CodeSource |
         env["PREFECT_API_URL"] = PREFECT_API_URL.value()
     cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all",
            "--prefect-file", str(prefect_file(ws, code))]
-    proc = subprocess.run(cmd, cwd=ws.root, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, check=False, cwd=ws.root, env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise RuntimeError(f"prefect deploy failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     with get_client(sync_client=True) as client:

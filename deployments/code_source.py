@@ -26,6 +26,7 @@ from typing import Any
 
 from hybridtrain.errors import Problem, SpecError
 
+
 @dataclass(frozen=True)
 class CodeSource:
     """Git repository per pool (as that pool's workers reach it) and the commit they all check out."""
@@ -86,7 +87,7 @@ class CodeSource:
 def deployed_commit(root: Path, ref: str) -> str:
     """The full commit id of ``ref`` in the checkout at ``root``."""
     proc = subprocess.run(["git", "-C", str(root), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-                          capture_output=True, text=True, timeout=30)
+                          check=False, capture_output=True, text=True, timeout=30)
     if proc.returncode != 0:
         raise SpecError("hybridtrain deploy", [Problem(
             "--code-ref", f"{ref!r} is not a commit of a git checkout at {root}; deploy from a clone of the "
