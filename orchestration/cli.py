@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -201,7 +202,16 @@ def credentials(
 
 
 @app.command()
-def deploy(home: HomeOpt = None) -> None:
+def deploy(
+    home: HomeOpt = None,
+    code_repo: Annotated[list[str] | None, typer.Option(
+        "--code-repo", envvar="HYBRIDTRAIN_CODE_REPO",
+        help="Sites on separate hosts: the git URL a pool's workers clone the code from, as POOL=URL (repeat per "
+             "pool) or URL for every pool. Its deployments then check out --code-ref there instead of using "
+             "this checkout.")] = None,
+    code_ref: Annotated[str, typer.Option(help="Commit of this checkout the workers run (pushed to --code-repo).")]
+    = "HEAD",
+) -> None:
     """Create work pools, blocks and deployments on the Prefect server at PREFECT_API_URL (idempotent)."""
     ws = Workspace.resolve(home)
     if not os.environ.get("PREFECT_API_URL"):
@@ -210,13 +220,50 @@ def deploy(home: HomeOpt = None) -> None:
     from deployments.bootstrap import bootstrap
 
     try:
-        report = bootstrap(ws)
+        report = bootstrap(ws, code_repos=code_repo, code_ref=code_ref)
     except HybridtrainError as exc:
         fail(exc)
     console.print(f"pools created: {report.pools_created or '-'}; already there: {report.pools_existing or '-'}")
     console.print(f"site blocks: {report.site_blocks}; pseudonym key {'created' if report.key_created else 'present'}")
     console.print(f"deployments: {', '.join(report.deployments)}")
-    console.print("start workers with `make worker` (one process worker per pool)")
+    for pool, url in report.code_repositories.items():
+        console.print(f"pool {pool}: workers clone commit {report.code_commit} from {url}", highlight=False)
+    if report.code_repositories:
+        console.print("start a worker at each site with `hybridtrain worker --pool POOL --home SITE_ROOT`")
+    else:
+        console.print("start workers with `make worker` (one process worker per pool)")
+
+
+@app.command()
+def worker(
+    pool: Annotated[str, typer.Option(help="Work pool to serve: the work_pool of this site in the sites catalog.")],
+    home: HomeOpt = None,
+    name: Annotated[str | None, typer.Option(help="Worker name shown in the UI (default: Prefect's).")] = None,
+) -> None:
+    """Start a process worker of POOL at this site, with this directory (--home) as the site root.
+
+    Flow runs get HYBRIDTRAIN_HOME set to the site root: their workspace (sites catalog, jobs, data, the
+    site's stores and state). Deployments made with `hybridtrain deploy --code-repo` clone the deployed
+    commit into each run's directory and run the flow from there."""
+    ws = Workspace.resolve(home)
+    if not os.environ.get("PREFECT_API_URL"):
+        err.print("set PREFECT_API_URL to the control plane's Prefect server (e.g. http://gateway:4200/api)")
+        raise typer.Exit(2)
+    try:
+        pools = ws.load_sites().pools
+    except HybridtrainError as exc:
+        fail(exc)
+    if pool not in pools:
+        err.print(f"--pool {pool!r} is not a pool of {ws.sites_file} (pools: {', '.join(pools)})", highlight=False)
+        raise typer.Exit(2)
+    if not os.environ.get("HYBRIDTRAIN_MLFLOW_TRACKING_URI"):
+        err.print("warning: HYBRIDTRAIN_MLFLOW_TRACKING_URI is not set; runs here track into this site's own "
+                  "SQLite store, not the control plane's MLflow server", highlight=False)
+    cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process",
+           *(["--name", name] if name else [])]
+    console.print(f"worker of pool {pool} at site root {ws.root}", highlight=False)
+    os.chdir(ws.root)
+    os.execve(sys.executable, cmd, {**os.environ, "HYBRIDTRAIN_HOME": str(ws.root)})
 
 
 if __name__ == "__main__":

@@ -51,3 +51,17 @@ def test_schema_is_json_schema_of_the_spec():
     assert result.exit_code == 0
     schema = json.loads(result.output)
     assert schema["title"].startswith("hybridtrain TrainingJob")
+
+
+def test_worker_refuses_a_pool_the_sites_catalog_lacks(workspace, monkeypatch):
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # never reached: refused before
+    result = runner.invoke(app, ["worker", "--pool", "gpu", "--home", str(workspace)])
+    assert result.exit_code == 2
+    assert "--pool 'gpu' is not a pool of" in result.output and "(pools: cloud, onprem)" in result.output
+
+
+def test_deploy_with_a_code_repo_for_an_unknown_pool_names_the_pools(workspace, monkeypatch):
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # refused before any request
+    result = runner.invoke(app, ["deploy", "--code-repo", "gpu=file:///srv/ml.git", "--home", str(workspace)])
+    assert result.exit_code == 2, result.output
+    assert "pool 'gpu' is not in the sites catalog (pools: cloud, onprem)" in result.output
