@@ -34,8 +34,9 @@ TIMEOUT_S = 900
 # process importing torch, MLflow and DVC takes a minute or more on a loaded 2-core VM).
 ROUND_TIMEOUT_S = 600
 # The killed worker's heartbeats (every 5 s here, tests.fixtures.processes) are overdue after 15 s; its site is
-# dropped this long after. The restarted worker must be up within it once the next round starts.
-SITE_LOST_S = 30
+# dropped this long after. The restarted worker must be up within it once the next round starts. Not less: on
+# the loaded 2-core VM healthy workers' heartbeats were seen 45-75 s late (30 s dropped all three sites).
+SITE_LOST_S = 90
 
 
 def write_deployments(root: Path) -> None:
