@@ -6,10 +6,11 @@ feature statistics), then runs ``training.federated.rounds`` rounds: one ``feder
 flow run per data site in that site's pool (local epochs from the global weights, the update
 sent through ``ModelMover``), aggregated by ``hybridtrain.federated.coordinator`` here; last,
 ``federated-evaluate`` measures the global model on each site's test split, and the version is
-registered and promoted through the usual gates. A site's step that fails, or has not finished
-``round_timeout_s`` after it was submitted (its worker died), drops that site from the step —
-its flow run is cancelled, so a worker that comes back does not run a stale round — and the
-site is asked again next round. Why not Flower: see README ("Federated training").
+registered and promoted through the usual gates. A site's step that fails, has not finished
+``round_timeout_s`` after it was submitted, or whose pool has had no live worker for
+``site_lost_s`` (the site went down, its worker and the step's process with it) drops that site
+from the step — its flow run is cancelled, so a worker that comes back does not run a stale
+round — and the site is asked again next round. Why not Flower: see README ("Federated training").
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 from prefect import Flow, flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.states import Cancelled
 from pydantic import BaseModel
@@ -37,7 +39,7 @@ from hybridtrain.specs.job import JobSpec
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.workspace import Workspace
 from orchestration.context import run_workspace
-from orchestration.dispatch import Mode, deployment_name, has_deployment
+from orchestration.dispatch import Mode, deployment_name, has_deployment, workers_alive
 from tasks.federated import evaluate_site, prepare_site, train_round
 
 R = TypeVar("R", bound=BaseModel)
@@ -88,6 +90,7 @@ class PoolSites:
         self.ws, self.spec, self.run_id, self.run_key, self.agg = ws, spec, run_id, run_key, aggregation_site
         self.mode, self.attempt = mode, attempt
         self.timeout_s = spec.training.federated.round_timeout_s
+        self.lost_s = spec.training.federated.site_lost_s
 
     def _one(self, step: Flow, result: type[R], site: str, tag: str, params: dict[str, Any]) -> R | str:
         params = {"spec": self.spec, "site": site, "run_id": self.run_id, "run_key": self.run_key,
@@ -99,19 +102,44 @@ class PoolSites:
                 return step.fn(**params, workspace=str(self.ws.root))
             payload = {k: v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v
                        for k, v in params.items()}
-            run = run_deployment(name, parameters=payload, timeout=self.timeout_s, poll_interval=POLL_S,
-                                 idempotency_key=f"{self.attempt}:{tag}", as_subflow=False)
+            run = run_deployment(name, parameters=payload, timeout=0, idempotency_key=f"{self.attempt}:{tag}",
+                                 as_subflow=False)
         except HybridtrainError as exc:
             return f"{type(exc).__name__}: {exc}"
+        run, lost = self._wait(run, pool)
         state = run.state
-        if state is None or not state.is_final():
+        if lost is not None:
             with get_client(sync_client=True) as client:  # a worker that comes back must not run a stale step
                 client.set_flow_run_state(run.id, Cancelled(message="dropped from the federated round"), force=True)
-            return (f"no report within {self.timeout_s:.0f} s (flow run {run.id} was "
-                    f"{state.name if state else 'unknown'}; is a worker of pool {pool!r} alive?)")
+            return lost
         if not state.is_completed():
             return f"flow run {run.id} ended {state.name}: {state.message or ''}".strip()
         return stages.load_result(self.ws, self.run_id, tag, result)
+
+    def _wait(self, run: FlowRun, pool: str) -> tuple[FlowRun, str | None]:
+        """Poll ``run`` until it ends; or why the site is dropped: no report within ``round_timeout_s``, or
+        no live worker in its pool for ``site_lost_s`` (the site went down with its step)."""
+        started = time.monotonic()
+        lost_since: float | None = None
+        with get_client(sync_client=True) as client:
+            while True:
+                run = client.read_flow_run(run.id)
+                state = run.state.name if run.state else "unknown"
+                if run.state is not None and run.state.is_final():
+                    return run, None
+                now = time.monotonic()
+                if now - started >= self.timeout_s:
+                    return run, (f"no report within {self.timeout_s:.0f} s (flow run {run.id} was {state}; "
+                                 f"is a worker of pool {pool!r} alive?)")
+                if workers_alive(pool):
+                    lost_since = None
+                elif lost_since is None:
+                    lost_since = now
+                elif now - lost_since >= self.lost_s:
+                    return run, (f"no live worker in pool {pool!r} for {self.lost_s:.0f} s while its step was "
+                                 f"{state} (flow run {run.id}): the site is down; start a worker with "
+                                 f"`prefect worker start --pool {pool}`")
+                time.sleep(POLL_S)  # polling the API, as run_deployment itself does
 
     def _each(self, step: Flow, result: type[R], sites: list[str], tag: str,
               params: dict[str, dict[str, Any]]) -> dict[str, R | str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 from uuid import UUID
 
@@ -21,6 +22,8 @@ from tasks.burst import MOVED
 Mode = Literal["auto", "inline", "pools"]
 R = TypeVar("R", bound=BaseModel)
 POLL_S = 1.0
+#: A worker's heartbeat interval when it did not say (Prefect's default, ``PREFECT_WORKER_HEARTBEAT_SECONDS``).
+DEFAULT_HEARTBEAT_S = 30
 
 
 def deployment_name(stage_flow: Flow, pool: str) -> str:
@@ -35,6 +38,25 @@ def workers_online(pool: str) -> int:
     with get_client(sync_client=True) as client:
         return len(client.read_workers_for_work_pool(
             pool, worker_filter=WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"]))))
+
+
+#: Prefect counts a worker offline once it missed this many of its heartbeats (``prefect.server.schemas.responses``).
+MISSED_HEARTBEATS = 3
+
+
+def workers_alive(pool: str) -> int:
+    """How many workers of ``pool`` sent a heartbeat within their last ``MISSED_HEARTBEATS`` intervals, now.
+
+    The same rule as Prefect's ONLINE status, computed from each worker's last heartbeat, so a worker
+    that died counts as gone as soon as its heartbeats are overdue (``workers_online`` reads the status
+    the server's foreman service writes, up to a loop later).
+    """
+    with get_client(sync_client=True) as client:
+        workers = client.read_workers_for_work_pool(pool)
+    now = datetime.now(UTC)
+    return sum(1 for w in workers if w.last_heartbeat_time is not None
+               and (now - w.last_heartbeat_time).total_seconds()
+               < MISSED_HEARTBEATS * (w.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_S))
 
 
 def has_deployment(name: str) -> bool:

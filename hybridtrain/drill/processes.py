@@ -22,6 +22,31 @@ def child_pids(pid: int) -> list[int]:
     return [p for p in _pids() if _ppid(p) == pid]
 
 
+def descendant_pids(pid: int) -> list[int]:
+    """Every process below ``pid``: its children, theirs, and so on."""
+    children: dict[int, list[int]] = {}
+    for p in _pids():
+        parent = _ppid(p)
+        if parent is not None:
+            children.setdefault(parent, []).append(p)
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        frontier = [c for p in frontier for c in children.get(p, [])]
+        found += frontier
+    return found
+
+
+def kill_tree(*procs: subprocess.Popen) -> None:
+    """SIGKILL each of ``procs`` and every process below it, all at once (the machine went down), and reap them."""
+    pids = [pid for proc in procs for pid in (proc.pid, *descendant_pids(proc.pid))]
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for proc in procs:
+        proc.wait(timeout=30)
+
+
 def stop_with_children(*procs: subprocess.Popen, grace_s: float = 10.0) -> None:
     """Terminate each of ``procs`` at once, SIGKILL what is left after ``grace_s`` (one grace for all),
     then SIGKILL the children they had: those outlive them otherwise."""

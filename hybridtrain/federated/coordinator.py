@@ -2,8 +2,8 @@
 
 Where the site steps run is the dispatcher's business (``InlineSites`` here, in this process;
 ``flows/federated.py`` in each site's work pool): it returns, per site, the step's result or
-the reason the site dropped out (failed, lost its worker, did not report within
-``round_timeout_s``). A round goes on with the sites that reported when they are at least
+the reason the site dropped out (failed, its pool had no live worker for ``site_lost_s``, did
+not report within ``round_timeout_s``). A round goes on with the sites that reported when they are at least
 ``min_sites`` and ``min_fraction`` of the data sites; a dropped site is recorded on the round
 and asked again next round (a site that was never prepared is prepared first). Fewer fails the
 run with ``NotEnoughSites`` — the last committed round stays, and running again with the same
