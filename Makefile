@@ -65,14 +65,14 @@ ui-stop:
 deploy: venv
 	PREFECT_API_URL=$${PREFECT_API_URL:-$(UI_API)} $(BIN)/hybridtrain deploy
 
-# One process worker per pool (environment), in the foreground; Ctrl-C stops them. Beside each, a
+# One process worker per pool (each environment, and `control` for the burst controller and recovery), in the foreground; Ctrl-C stops them. Beside each, a
 # warm-pool daemon (workers/warm_pool.py) with the worker's environment: the pools' `command`
 # (workers.warm_client) starts flow runs in its pre-warmed spares, or cold when it is not up.
 # Workers poll every second: a due run waits 0.5 s on average (one cheap API call per worker and second).
 worker: venv
 	@mkdir -p .hybridtrain/run && chmod 700 .hybridtrain/run
 	PREFECT_API_URL=$${PREFECT_API_URL:-$(UI_API)} PREFECT_WORKER_QUERY_SECONDS=1 WARM_RUN=$(CURDIR)/.hybridtrain/run \
-		sh -c 'for pool in onprem cloud; do \
+		sh -c 'for pool in onprem cloud control; do \
 		         HYBRIDTRAIN_WARM_SOCKET=$$WARM_RUN/warm-$$pool.sock $(BIN)/python -m workers.warm_pool --spares 2 & \
 		         HYBRIDTRAIN_WARM_SOCKET=$$WARM_RUN/warm-$$pool.sock $(BIN)/prefect worker start --pool $$pool --type process & \
 		       done; wait'

@@ -5,9 +5,10 @@
 Without ``--home`` it builds a throwaway workspace (sample data, test-sized job), starts the stack
 with ``scripts/stack.py up`` (PostgreSQL, S3, MLflow server, Prefect server, 2 workers per pool, the
 pools' concurrency limits from the sites catalog) and stops it at the end. Each run is the lifecycle
-deployment ``training-lifecycle/churn-onprem`` of its own small job (``load-000`` ...; one epoch),
-so runs only wait for capacity, never for each other's training lease. ``--restart`` queues the runs
-while no worker is up, then runs ``down`` and ``up``: the queue must survive it.
+deployment ``training-lifecycle/churn-nightly-cloud-eu`` (orchestrated from the on-prem pool) of its
+own small job (``load-000`` ...; one epoch), so runs only wait for capacity, never for each other's
+training lease. ``--restart`` queues the runs while the site pools are paused (no worker takes
+them), then runs ``down`` and ``up`` and resumes the pools: the queue must survive the restart.
 
 Reports: every run terminal (lost = not terminal in time or gone), duplicated trainings (a job
 trained to success more than once), stuck RUNNING, registry aliases consistent, ``hybridtrain audit
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-DEPLOYMENT = "training-lifecycle/churn-onprem"
+DEPLOYMENT = "training-lifecycle/churn-nightly-cloud-eu"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -132,6 +133,16 @@ def queue_runs(n: int, stamp: str) -> list[str]:
     return ids
 
 
+def pause_pools(pools: tuple[str, ...], paused: bool) -> None:
+    """Pause (or resume) the site pools: their workers take no run while paused, the runs stay queued."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolUpdate
+
+    with get_client(sync_client=True) as client:
+        for pool in pools:
+            client.update_work_pool(pool, WorkPoolUpdate(is_paused=paused))
+
+
 def read_runs(ids: list[str]) -> dict[str, object]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -210,12 +221,8 @@ def main() -> int:
         for i in range(args.runs):
             write(f"load-{i:03d}", metadata__name=f"load-{i:03d}", model__epochs=1)
     t0 = time.monotonic()
-    if args.restart and not own:
-        stack_cmd(root, "down")  # come back without workers, so the runs stay queued until the restart
-    if own or args.restart:
-        fresh = Stack.load(root) is None
-        stack_cmd(root, "up", "--no-doctor", *(["--no-workers"] if args.restart else []),
-                  *([] if fresh else ["--no-deploy"]))
+    if own:
+        stack_cmd(root, "up", "--no-doctor", *(["--no-workers"] if args.restart else []))
     stack = Stack.load(root)
     print(f"stack up at {stack.prefect_api} in {time.monotonic() - t0:.0f} s; workspace {root}", flush=True)
     os.environ.update({"PREFECT_API_URL": stack.prefect_api, "HYBRIDTRAIN_HOME": str(root)})
@@ -226,12 +233,15 @@ def main() -> int:
     began = datetime.now(UTC)
     stamp = began.strftime("%Y%m%dT%H%M%S")
     t_queue = time.monotonic()
+    if args.restart:
+        pause_pools(stack.pools, True)  # queued, not taken: the runs must survive the restart as they are
     ids = queue_runs(args.runs, stamp)
     print(f"queued {len(ids)} runs in {time.monotonic() - t_queue:.1f} s", flush=True)
     if args.restart:
         stack_cmd(root, "down")
         stack_cmd(root, "up", "--no-deploy", "--no-doctor")
-        print("stack restarted (down, up) with every run still queued", flush=True)
+        pause_pools(stack.pools, False)
+        print("stack restarted (down, up) with every run still queued; pools resumed", flush=True)
     probe.start()
     deadline = time.monotonic() + args.timeout
     runs: dict = {}

@@ -20,6 +20,11 @@ from hybridtrain.specs.sites import SitesCatalog
 from hybridtrain.workspace import Workspace
 
 
+#: Pool of the control flows (burst-controller, recover-runs; deployments/prefect.yaml): no run limit and a
+#: worker of its own, so the flows that supervise the site pools never wait for a slot in them.
+CONTROL_POOL = "control"
+
+
 @dataclass
 class BootstrapReport:
     pools_created: list[str] = field(default_factory=list)
@@ -33,16 +38,17 @@ class BootstrapReport:
 
 
 def ensure_pools(catalog: SitesCatalog, report: BootstrapReport) -> None:
-    """One process work pool per environment; a GPU site's pool is capped at its GPU count."""
+    """One process work pool per environment (a GPU site's pool capped at its GPU count), and the control pool."""
     template = ProcessWorker.get_default_base_job_template()
     with get_client(sync_client=True) as client:
-        for pool in catalog.pools:
-            gpus = sum(s.gpu_count for s in catalog.by_pool(pool))
+        for pool in [*catalog.pools, CONTROL_POOL]:
+            gpus = sum(s.gpu_count for s in catalog.by_pool(pool)) if pool != CONTROL_POOL else 0
             limit = gpus or None
+            about = (f"hybridtrain environment {pool}" if pool != CONTROL_POOL
+                     else "hybridtrain control flows (burst-controller, recover-runs); no run limit")
             try:
                 client.create_work_pool(WorkPoolCreate(name=pool, type="process", base_job_template=template,
-                                                       concurrency_limit=limit,
-                                                       description=f"hybridtrain environment {pool}"))
+                                                       concurrency_limit=limit, description=about))
                 report.pools_created.append(pool)
             except ObjectAlreadyExists:
                 client.update_work_pool(pool, WorkPoolUpdate(concurrency_limit=limit))

@@ -331,12 +331,10 @@ def up(stack: Stack, args: argparse.Namespace) -> int:
     print(f"\nPrefect UI   http://{stack.host}:{stack.prefect_port}\nMLflow UI    {stack.mlflow_url}\n"
           f"export PREFECT_API_URL={stack.prefect_api} HYBRIDTRAIN_MLFLOW_TRACKING_URI={stack.mlflow_url}\n"
           f"Logs in {stack.logs}; stop with `make down`.\n", flush=True)
-    if args.no_doctor:
-        return 0
-    # Workers register on their first poll; give them that long before the doctor looks.
+    # Workers register on their first poll: `up` returns once they are online (or after 60 s).
     if not args.no_workers:
         wait_workers(stack)
-    return doctor(stack)
+    return 0 if args.no_doctor else doctor(stack)
 
 
 def wait_workers(stack: Stack, timeout: float = 60.0) -> None:
@@ -345,7 +343,7 @@ def wait_workers(stack: Stack, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         online = 0
-        for pool in stack.pools:
+        for pool in stack.worker_pools:
             req = urllib.request.Request(f"{stack.prefect_api}/work_pools/{pool}/workers/filter", data=b"{}",
                                          method="POST", headers={"Content-Type": "application/json"})
             try:
@@ -353,7 +351,7 @@ def wait_workers(stack: Stack, timeout: float = 60.0) -> None:
                     online += sum(w.get("status") == "ONLINE" for w in json.loads(resp.read()))
             except OSError:
                 pass
-        if online >= len(stack.pools) * stack.workers_per_pool:
+        if online >= len(stack.worker_cmds()):
             return
         time.sleep(0.5)
 
@@ -395,7 +393,7 @@ def mark_orphans_crashed(stack: Stack) -> int:
     try:
         runs = call("POST", "/flow_runs/filter", {
             "flow_runs": {"state": {"type": {"any_": ["PENDING", "RUNNING", "CANCELLING"]}}},
-            "work_pools": {"name": {"any_": list(stack.pools)}}, "limit": 200})
+            "work_pools": {"name": {"any_": list(stack.worker_pools)}}, "limit": 200})
         for run in runs:
             call("POST", f"/flow_runs/{run['id']}/set_state",
                  {"state": {"type": "CRASHED", "message": "its worker was stopped by `make down`"}, "force": True})

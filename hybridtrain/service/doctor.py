@@ -87,6 +87,10 @@ def check_workers(api: str, pools: tuple[str, ...]) -> list[Finding]:
         if code == 404:
             found.append(Finding(f"pool {pool}", False, "no such work pool; create it with `hybridtrain deploy`"))
             continue
+        if code != 200:  # e.g. the server's database is down: the API answers 500/503
+            found.append(Finding(f"pool {pool}", False, f"workers not readable: {api}/work_pools/{pool}/workers/filter "
+                                                        f"answered {code} {body[:200].decode(errors='replace')}"))
+            continue
         online = [w["name"] for w in json.loads(body or b"[]") if w.get("status") == "ONLINE"]
         found.append(Finding(f"pool {pool}", bool(online),
                              f"{len(online)} worker(s) online: {', '.join(sorted(online))}" if online else
@@ -137,7 +141,7 @@ def diagnose(stack: Stack) -> list[Finding]:
     found += check_prefect_api(stack.prefect_api)
     found += check_services(stack.services_log())
     if any(f.component == "prefect api" and f.ok for f in found):
-        found += check_workers(stack.prefect_api, stack.pools)
+        found += check_workers(stack.prefect_api, stack.worker_pools)
     return found
 
 

@@ -22,6 +22,7 @@ from hybridtrain.errors import Problem, SpecError
 STACK_DIR = ".hybridtrain/stack"
 PG_BIN_CANDIDATES = ("/usr/lib/postgresql/15/bin",)
 POOLS = ("onprem", "cloud")
+CONTROL_POOL = "control"
 
 
 class Stack(BaseModel):
@@ -40,6 +41,10 @@ class Stack(BaseModel):
     bucket: str = Field("hybridtrain-mlflow", description="Bucket holding MLflow's artifacts.")
     pools: tuple[str, ...] = Field(POOLS, description="Work pools that get workers.")
     workers_per_pool: int = Field(2, ge=1, description="Process workers started per pool.")
+    control_pool: str = Field(
+        CONTROL_POOL, description="Pool of the control flows (burst-controller, recover-runs): no run limit, its "
+                                  "own worker, so a full site pool never delays the flows that supervise it.")
+    control_workers: int = Field(1, ge=1, description="Process workers started for the control pool.")
     worker_query_seconds: float = Field(1.0, gt=0, description="How often each worker polls for due runs.")
     worker_prefetch_seconds: float = Field(
         10.0, ge=0, description="How long before its scheduled time a worker may start a run.")
@@ -204,18 +209,26 @@ class Stack(BaseModel):
     def s3_cmd(self) -> list[str]:
         return [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.s3_port)]
 
+    @property
+    def worker_pools(self) -> tuple[str, ...]:
+        """Every pool that gets workers: the sites' pools, then the control pool."""
+        return (*self.pools, self.control_pool)
+
+    def workers_of(self, pool: str) -> int:
+        return self.control_workers if pool == self.control_pool else self.workers_per_pool
+
     def warm_cmds(self) -> dict[str, list[str]]:
         """Name -> command of each pool's warm-pool daemon (none when ``warm_spares`` is 0)."""
         if not self.warm_spares:
             return {}
         return {f"warm-{pool}": [sys.executable, "-m", "workers.warm_pool", "--spares", str(self.warm_spares)]
-                for pool in self.pools}
+                for pool in self.worker_pools}
 
     def worker_cmds(self) -> dict[str, list[str]]:
-        """Name -> command of each process worker (``onprem-1``, ``onprem-2``, ``cloud-1`` ...)."""
+        """Name -> command of each process worker (``onprem-1``, ``onprem-2``, ``cloud-1`` ..., ``control-1``)."""
         return {f"worker-{pool}-{i}": [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool,
                                         "--type", "process", "--name", f"{pool}-{i}"]
-                for pool in self.pools for i in range(1, self.workers_per_pool + 1)}
+                for pool in self.worker_pools for i in range(1, self.workers_of(pool) + 1)}
 
 
 def find_pg_bin() -> Path:

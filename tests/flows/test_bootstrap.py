@@ -29,13 +29,15 @@ def test_pools_are_created_once_with_gpu_limits(boot):
     from prefect.client.orchestration import get_client
 
     ws, first, second = boot
-    assert sorted(first.pools_created) == ["cloud", "onprem"]
-    assert second.pools_created == [] and sorted(second.pools_existing) == ["cloud", "onprem"]
+    assert sorted(first.pools_created) == ["cloud", "control", "onprem"]
+    assert second.pools_created == [] and sorted(second.pools_existing) == ["cloud", "control", "onprem"]
     with get_client(sync_client=True) as client:
         onprem = client.read_work_pool("onprem")
         cloud = client.read_work_pool("cloud")
-    assert onprem.type == cloud.type == "process"
+        control = client.read_work_pool("control")
+    assert onprem.type == cloud.type == control.type == "process"
     assert onprem.concurrency_limit == 8 and cloud.concurrency_limit == 16
+    assert control.concurrency_limit is None  # the control flows never wait for a site's slot
     assert "command" in onprem.base_job_template["variables"]["properties"]
 
 
@@ -71,6 +73,11 @@ def test_deployments_have_pools_schedule_and_a_typed_spec_parameter(boot):
     assert props["spec_path"]["default"] == "jobs/churn.yaml"
     assert "JobSpec" in str(props["spec"])  # the UI renders the spec as a typed form
     assert d.job_variables["env"]["HYBRIDTRAIN_HOME"]
+    with get_client(sync_client=True) as client:
+        control = [client.read_deployment_by_name(n) for n in ("burst-controller/control", "recover-runs/control")]
+    for dep in control:  # one pass at a time: a pass due while the last one still runs is cancelled, not queued
+        assert dep.work_pool_name == "control" and dep.global_concurrency_limit.limit == 1
+        assert dep.concurrency_options.collision_strategy == "CANCEL_NEW"
 
 
 def test_site_credentials_come_from_the_saved_blocks(boot):

@@ -76,7 +76,7 @@ def served(request) -> Iterator[Path]:
     """`make up` on a fresh workspace: the control flows every 10 s, runs started cold (killable by pid)."""
     root = served_workspace(control_interval_s=10)
     try:
-        stack_cli(root, "up", "--warm-spares", "0")
+        stack_cli(root, "up", "--warm-spares", "0", "--no-doctor")  # the first test runs the doctor itself
         yield root
     finally:
         stack_cli(root, "down", check=False)

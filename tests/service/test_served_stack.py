@@ -21,7 +21,7 @@ import pytest
 from hybridtrain.drill.timeline import wait_until
 from hybridtrain.service.stack import Stack
 from tests.fixtures.workspaces import ROOT
-from tests.service.conftest import hybridtrain_cli
+from tests.service.conftest import FAST_SCHEDULER, hybridtrain_cli
 
 pytestmark = pytest.mark.slow
 WAIT_S = 600.0
@@ -71,7 +71,7 @@ def test_burst_controller_and_recovery_run_on_their_own_schedules(served, client
                        "two scheduled burst-controller runs to complete", timeout=WAIT_S, every=1.0)
     recovery = wait_until(lambda: completed("recover-runs"), "a scheduled recover-runs run to complete",
                           timeout=WAIT_S, every=1.0)
-    assert {r.work_pool_name for r in burst + recovery} == {"onprem"}
+    assert {r.work_pool_name for r in burst + recovery} == {"control"}  # never behind the runs they supervise
     # Created by the server's scheduler from the interval schedule: scheduled 10 s apart.
     times = sorted(r.expected_start_time for r in runs_of("burst-controller") if r.auto_scheduled)
     assert any(abs((b - a).total_seconds() - 10) < 0.01 for a, b in zip(times, times[1:]))
@@ -129,7 +129,6 @@ def test_a_late_onprem_run_is_moved_by_the_scheduled_burst_controller(served, cl
                 client.set_flow_run_state(fr_id, Cancelled(message="test over"), force=True)
 
 
-@pytest.mark.skip(reason="not yet green on a 2-core VM: see the stop-15 note (issue #16)")
 def test_a_killed_lifecycle_run_is_resubmitted_by_the_scheduled_recovery(served, client_env):
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
@@ -139,7 +138,7 @@ def test_a_killed_lifecycle_run_is_resubmitted_by_the_scheduled_recovery(served,
     from tests.integration.test_recovery import flow_run_pids
 
     spec = spec_writer(served)("killed", model__epochs=1)
-    run = run_deployment("training-lifecycle/churn-onprem", timeout=0,
+    run = run_deployment("training-lifecycle/churn-nightly-cloud-eu", timeout=0,
                          parameters={"spec_path": str(spec.relative_to(served)), "dispatch": "inline"})
     key = str(run.id)
     pids = wait_until(lambda: flow_run_pids(key), "the lifecycle run's process", timeout=WAIT_S, every=0.2)
@@ -161,10 +160,9 @@ def test_a_killed_lifecycle_run_is_resubmitted_by_the_scheduled_recovery(served,
     assert len([r for r in runs_of("training-lifecycle") if f"recovered-from:{key}" in (r.tags or [])]) == 1
 
 
-@pytest.mark.skip(reason="not yet green on a 2-core VM: see the stop-15 note (issue #16)")
 def test_runs_queued_across_down_and_up_all_finish(served, client_env, tmp_path):
     out = tmp_path / "load.json"
-    env = {**os.environ}
+    env = {**os.environ, **FAST_SCHEDULER}  # the restarted server keeps the test's short scheduler loop
     env.pop("PREFECT_API_URL", None)
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "control_plane_load.py"), "--home", str(served),
                            "--runs", "2", "--restart", "--timeout", str(WAIT_S), "--json", str(out)],
@@ -177,7 +175,6 @@ def test_runs_queued_across_down_and_up_all_finish(served, client_env, tmp_path)
     assert proc.stdout.strip().splitlines()[-1] == "control_plane_lost_runs: 0 of 2 (target 0)"
 
 
-@pytest.mark.skip(reason="not yet green on a 2-core VM: see the stop-15 note (issue #16)")
 def test_the_doctor_names_the_database_when_postgres_stops(served, client_env):
     stack = Stack.load(served)
     cmd = [f"{stack.pg_bin}/pg_ctl", "-D", str(stack.pg_data), "-m", "fast", "-w", "stop"]

@@ -30,7 +30,8 @@ def test_a_stack_is_kept_with_its_ports_and_password_for_the_next_up(tmp_path):
     env = again.worker_env("onprem")
     assert env["PREFECT_API_URL"] == "http://127.0.0.1:14200/api" and env["PREFECT_WORKER_QUERY_SECONDS"] == "1"
     assert env["HYBRIDTRAIN_MLFLOW_TRACKING_URI"] == "http://127.0.0.1:15000"
-    assert sorted(again.worker_cmds()) == ["worker-cloud-1", "worker-cloud-2", "worker-onprem-1", "worker-onprem-2"]
+    assert sorted(again.worker_cmds()) == ["worker-cloud-1", "worker-cloud-2", "worker-control-1", "worker-onprem-1",
+                                          "worker-onprem-2"]  # the control flows' pool has its own worker
 
 
 def test_a_broken_stack_file_is_one_line_naming_it(tmp_path):
