@@ -5,14 +5,14 @@ with a wide MLP (``--hidden`` × ``--hidden``, default 3000: about 9 M parameter
 Adam's two moments are over 100 MB of state — the checkpoint size is printed and checked). One
 ``Trainer.fit`` of about ``--seconds`` (epochs calibrated from a short warm-up), four times:
 
-- **without**: ``interval_steps: null`` (only the final checkpoint every fit writes), run first
-  and last — the baseline is the faster of the two, their difference shows the machine's noise;
+- **without**: ``interval_steps: null`` (only the final checkpoint every fit writes);
 - **fixed 30 s**: ``interval_minutes: 0.5``;
 - **Young/Daly**: ``auto_interval: true`` at ``--rate`` preemptions an hour — the trainer derives
   the interval from the time training waited for each checkpoint
   (``hybridtrain.training.checkpoint_interval``; at least 60 s).
 
-Overhead is ``seconds with / mean seconds without - 1`` over the whole ``fit``. Also printed: what
+The three run back to back ``--repeat`` times (order rotated); overhead is the median over repeats
+of ``seconds with / seconds without (same repeat) - 1`` over the whole ``fit``, with its range. Also printed: what
 training waited for (the in-memory snapshot, ``TrainResult.checkpoint_seconds``) and what the
 background writer spent serializing, hashing and storing (``checkpoint_write_seconds``) — the
 cost a synchronous checkpoint would have put on the step — and the CPU time of the training
@@ -22,12 +22,12 @@ processes' load does not move: what the snapshots and any contention cost traini
 Part 2 — trainer vs bare loop. The demo model and checkpoint block on ``--rows`` rows for about
 ``--bare-seconds``: ``Trainer.fit`` against a plain torch loop doing the same work — fit the
 featurizer, transform, the same seeded shuffle and batches, Adam, the epoch's summed loss, and
-validation (AUC etc.) after every epoch — alternating, ``--pairs`` pairs, best of each.
+validation (AUC etc.) after every epoch — alternating, ``--pairs`` pairs, median of the paired ratios.
 
 The machine is shared: other processes' load moves single runs by a few percent, more than the
-effect measured; read the two "without" runs' difference before the headline.
+effect measured; read the spread of the runs without checkpoints before the headline.
 
-Run: .venv/bin/python benchmarks/checkpoint_overhead.py [--seconds 75] [--bare-seconds 60] [--threads 1]
+Run: .venv/bin/python benchmarks/checkpoint_overhead.py [--seconds 75] [--repeat 3] [--bare-seconds 60] [--pairs 3]
 The last line is ``checkpoint_overhead: X % (target <= 1)``.
 """
 
@@ -127,6 +127,15 @@ def bare_loop(model_spec, train, val, label: str, threads: int) -> float:
         torch.set_num_threads(previous)
 
 
+def median_interval(values: list[float]) -> tuple[float, float, float]:
+    """Median of paired ratios with the order-statistic interval around it (min..max below 6 pairs)."""
+    v = sorted(values)
+    n = len(v)
+    k = max(0, int(n / 2 - 0.98 * math.sqrt(n)))  # ~95 % distribution-free interval for n >= 6
+    lo, hi = (v[0], v[-1]) if n < 6 else (v[k], v[n - 1 - k])
+    return float(np.median(v)), lo, hi
+
+
 def calibrated_epochs(model_spec, train, val, label, threads, tmp: Path, target_s: float) -> int:
     """Epochs that make one fit last about ``target_s`` (from a one-epoch warm-up, which also warms caches)."""
     from hybridtrain.specs.job import CheckpointSpec
@@ -144,7 +153,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.5, help="preemptions per hour for the Young/Daly interval")
     parser.add_argument("--bare-seconds", type=float, default=60.0, help="length of each trainer / bare-loop run")
     parser.add_argument("--rows", type=int, default=200_000, help="rows for the trainer vs bare-loop comparison")
-    parser.add_argument("--pairs", type=int, default=1, help="trainer / bare-loop pairs (alternating)")
+    parser.add_argument("--pairs", type=int, default=3, help="trainer / bare-loop pairs (alternating)")
+    parser.add_argument("--repeat", type=int, default=3, help="paired repeats of without / fixed / Young-Daly")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads for training (default 1: leaves a core of this 2-core VM for the "
                              "writer, as a GPU host's CPUs would be)")
@@ -167,38 +177,53 @@ def main() -> None:
         epochs = calibrated_epochs(big, train, val, label, args.threads, tmp, args.seconds)
         big = big.model_copy(update={"epochs": epochs})
         variants = [
-            ("without", CheckpointSpec(interval_steps=None, keep_last=2), None),
             ("fixed 30 s", CheckpointSpec(interval_steps=None, interval_minutes=0.5, keep_last=2), None),
             ("Young/Daly", CheckpointSpec(interval_steps=None, auto_interval=True, keep_last=2), args.rate),
-            ("without", CheckpointSpec(interval_steps=None, keep_last=2), None),
         ]
+        without_cp = CheckpointSpec(interval_steps=None, keep_last=2)
+        # Paired runs: each repeat runs without, fixed and Young/Daly back to back (order rotated, so no variant
+        # always follows another), and each variant is compared with the run without of its own repeat.
+        ratios: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+        cpu_ratios: dict[str, list[float]] = {name: [] for name, _, _ in variants}
         runs = []
-        for i, (name, cp, rate) in enumerate(variants):
-            r = fit(big, cp, train, val, tmp / f"run-{i}", label, args.threads, rate)
-            runs.append((name, r))
-            print(f"  {name:<11} {r.seconds:7.2f} s, {r.checkpoints_written} checkpoints (incl. the final one), "
-                  f"training waited {r.checkpoint_seconds:.3f} s, writer {r.checkpoint_write_seconds:.2f} s"
-                  + (f", interval {r.checkpoint_interval_s:.0f} s" if r.checkpoint_interval_s else ""), flush=True)
-        # Baseline: the mean of the runs without, one before and one after (drift of the load cancels).
+        for rep in range(args.repeat):
+            order = [("without", without_cp, None), *variants]
+            order = order[rep % 3:] + order[:rep % 3]
+            got = {}
+            for name, cp, rate in order:
+                r = fit(big, cp, train, val, tmp / f"run-{rep}-{len(runs)}", label, args.threads, rate)
+                got[name] = r
+                runs.append((name, r))
+                print(f"  [{rep + 1}/{args.repeat}] {name:<11} {r.seconds:7.2f} s, {r.checkpoints_written} checkpoints "
+                      f"(incl. the final one), training waited {r.checkpoint_seconds:.3f} s, writer "
+                      f"{r.checkpoint_write_seconds:.2f} s"
+                      + (f", interval {r.checkpoint_interval_s:.0f} s" if r.checkpoint_interval_s else ""), flush=True)
+            for name, _, _ in variants:
+                ratios[name].append(got[name].seconds / got["without"].seconds)
+                cpu_ratios[name].append(got[name].training_thread_cpu_s / got["without"].training_thread_cpu_s)
         withouts = [r for name, r in runs if name == "without"]
-        base = sum(r.seconds for r in withouts) / len(withouts)
-        base_cpu = sum(r.training_thread_cpu_s for r in withouts) / len(withouts)
-        noise = abs(runs[0][1].seconds - runs[-1][1].seconds) / base * 100
-        size = runs[1][1].last_checkpoint.size
-        per_write = runs[1][1].checkpoint_write_seconds / runs[1][1].checkpoints_written
-        overheads = {name: (r.seconds / base - 1) * 100 for name, r in runs if name != "without"}
+        noise = (max(r.seconds for r in withouts) / min(r.seconds for r in withouts) - 1) * 100
+        fixed = [r for name, r in runs if name == "fixed 30 s"]
+        size = fixed[0].last_checkpoint.size
+        per_write = sum(r.checkpoint_write_seconds for r in fixed) / sum(r.checkpoints_written for r in fixed)
         small = "" if size >= MIN_STATE_BYTES else " (UNDER 100 MB: raise --hidden)"
         print(f"checkpoints: {args.hidden}x{args.hidden} MLP + Adam = {size / 1e6:.0f} MB a checkpoint{small}; "
-              f"{len(train):,} train rows, {epochs} epochs (~{args.seconds:.0f} s), {args.threads} training thread(s)")
+              f"{len(train):,} train rows, {epochs} epochs (~{args.seconds:.0f} s), {args.threads} training thread(s), "
+              f"{args.repeat} paired repeats, load average {os.getloadavg()[0]:.1f}")
         print(f"  one write in the background: {per_write:.2f} s (serialize, SHA-256, fsync'd atomic store) — "
               f"synchronous, every 30 s that alone would be {per_write / 30 * 100:.1f} % of the run")
-        print(f"  noise: the two runs without checkpoints differ by {noise:.1f} %")
-        for name, pct in overheads.items():
-            r = dict(runs)[name]
-            waited = r.checkpoint_seconds / (r.seconds - r.checkpoint_seconds) * 100
-            cpu_pct = (r.training_thread_cpu_s / base_cpu - 1) * 100
-            print(f"  {name}: {pct:+.2f} % end to end; training itself waited {waited:.2f} % of its time; "
-                  f"CPU of the training thread {cpu_pct:+.2f} % (not moved by other processes' load)")
+        print(f"  noise: the {len(withouts)} runs without checkpoints span {noise:.1f} %")
+        overheads = {}
+        for name, vals in ratios.items():
+            med, lo, hi = median_interval(vals)
+            cmed, clo, chi = median_interval(cpu_ratios[name])
+            overheads[name] = (med - 1) * 100
+            rs = [r for n, r in runs if n == name]
+            waited = sum(r.checkpoint_seconds for r in rs) / sum(r.seconds - r.checkpoint_seconds for r in rs) * 100
+            print(f"  {name}: {(med - 1) * 100:+.2f} % end to end, median of {len(vals)} paired ratios "
+                  f"(range {(lo - 1) * 100:+.2f} .. {(hi - 1) * 100:+.2f} %); training itself waited {waited:.2f} % "
+                  f"of its time; CPU of the training thread {(cmed - 1) * 100:+.2f} % "
+                  f"({(clo - 1) * 100:+.2f} .. {(chi - 1) * 100:+.2f} %; not moved by other processes' load)")
 
         # -- part 2: the trainer vs a bare loop ----------------------------------------------------
         train, val = frames(args.rows, label)
@@ -206,7 +231,7 @@ def main() -> None:
         threads = spec.model.threads or spec.resources.cpus
         one = bare_loop(demo, train, val, label, threads)  # warm-up and calibration
         demo = demo.model_copy(update={"epochs": max(2, math.ceil(args.bare_seconds / one))})
-        trainer_s, bare_s = [], []
+        trainer_s, bare_s, pair_ratios = [], [], []
         for p in range(args.pairs):
             order = ["bare", "trainer"] if p % 2 == 0 else ["trainer", "bare"]
             for which in order:
@@ -214,10 +239,13 @@ def main() -> None:
                     bare_s.append(bare_loop(demo, train, val, label, threads))
                 else:
                     trainer_s.append(fit(demo, spec.checkpoint, train, val, tmp / f"demo-{p}", label, threads).seconds)
-        slower = (min(trainer_s) / min(bare_s) - 1) * 100
+            pair_ratios.append(trainer_s[-1] / bare_s[-1])
+            print(f"  pair {p + 1}: trainer {trainer_s[-1]:.2f} s, bare {bare_s[-1]:.2f} s", flush=True)
+        med, lo, hi = median_interval(pair_ratios)
         print(f"trainer vs bare loop: jobs/churn.yaml model, {len(train):,} rows, {demo.epochs} epochs, {threads} "
-              f"threads, checkpoint {spec.checkpoint.model_dump(exclude_defaults=True)}: trainer "
-              f"{min(trainer_s):.2f} s, bare {min(bare_s):.2f} s -> {slower:+.1f} % (target <= {BARE_TARGET_PCT:g})")
+              f"threads, checkpoint {spec.checkpoint.model_dump(exclude_defaults=True)}: {(med - 1) * 100:+.1f} % "
+              f"median of {len(pair_ratios)} paired ratios (range {(lo - 1) * 100:+.1f} .. {(hi - 1) * 100:+.1f} %; "
+              f"target <= {BARE_TARGET_PCT:g})")
     worst = max(overheads.values())
     print(f"checkpoint_overhead: {worst:.2f} % (target <= {TARGET_PCT:g})")
 

@@ -13,8 +13,10 @@
 3. **Simulator**: a 32-trial sweep (4 at a time, 2-h trials, half of them pruned at a third) arrives
    in the busy middle of the pod trace's report half (on-prem at 1.1× load); the trace plus the
    sweep replay under our policy (opportunistic trials may take spot) and under all-on-demand burst.
-   Cost ratio of the sweep's trials (target ≤ 0.6×), with both completion times (ours must not
-   be later than the deadline the sweep declares; equal completion within that deadline).
+   Cost ratio of the sweep's trials (target ≤ 0.6×) **at equal completion time**: all-on-demand
+   replays first, then ours with the sweep's deadline set to all-on-demand's completion time (the
+   headline, with whether ours met it); also printed: ours with the sweep's own 1.5× deadline slack,
+   cheaper but finishing later.
 
 Usage: .venv/bin/python benchmarks/sweep_efficiency.py [--trials 32] [--parallelism 4] [--rows 4000]
 The last line is the headline ``sweep_makespan_ratio``.
@@ -71,6 +73,8 @@ def write_spec(root: Path, name: str, trials: int, parallelism: int, pruner: str
     # Coarser quasi-identifiers than the demo's (as the tests use), so k-anonymity keeps most of a small sample.
     data["sensitive"]["columns"]["date_of_birth"]["level"] = "decade"
     data["sensitive"]["columns"]["postcode"]["level"] = "area"
+    # k=5 over them still suppresses ~8 % of a 4,000-row sample; the demo's 5 % data gate is for real datasets.
+    data["sensitive"]["max_suppressed_fraction"] = 0.25
     data["sweep"].update({
         "n_trials": trials, "parallelism": parallelism, "study_name": name,
         "sampler": {"name": "random", "seed": 11},
@@ -90,12 +94,12 @@ def run_sweep(root: Path, spec: Path):
     return sweep(spec_path=str(spec), workspace=str(root), dispatch="inline", promote_best=False)
 
 
-def simulator_part(trials: int, parallelism: int) -> tuple[int, list[tuple[str, object, object]]]:
+def simulator_part(trials: int, parallelism: int) -> tuple[int, list[tuple[str, object]]]:
     """The sweep arriving at the first, second and third quartile of the report half's arrivals."""
     from hybridtrain.placement.strategy import ThresholdBurst
     from hybridtrain.simulation.comparison import default_scenario, split
     from hybridtrain.simulation.simulator import Contender, our_policy
-    from hybridtrain.simulation.sweep_workload import SweepWorkload, compare
+    from hybridtrain.simulation.sweep_workload import SweepWorkload, compare_at_equal_completion
     from hybridtrain.simulation.traces import load_pods
     from hybridtrain.simulation.workload import WorkloadParams, demand_gpus, jobs_from_pods
 
@@ -108,10 +112,32 @@ def simulator_part(trials: int, parallelism: int) -> tuple[int, list[tuple[str, 
     for label, q in (("Q1", 0.25), ("median", 0.5), ("Q3", 0.75)):
         arrival = report[int(len(report) * q)].arrival
         window = [j for j in report if arrival - 2 * 86400 <= j.arrival <= arrival + 2 * 86400]
-        ours, od = compare(scenario, window, workload, arrival,
-                           [our_policy(), Contender("all_on_demand", ThresholdBurst(queue_limit=-1))])
-        out.append((label, ours, od))
+        out.append((label, compare_at_equal_completion(scenario, window, workload, arrival, our_policy(),
+                                                       Contender("all_on_demand", ThresholdBurst(queue_limit=-1)))))
     return capacity, out
+
+
+def simulate(trials: int, parallelism: int) -> None:
+    capacity, runs = simulator_part(trials, parallelism)
+    print(f"simulator: a {trials}-trial sweep ({parallelism} at a time, 2-h trials, half pruned at a "
+          f"third) beside the pod trace (on-prem {capacity} GPUs, 1.1x load), arriving at three points")
+    for label, c in runs:
+        for tag, r in (("all-on-demand", c.on_demand), ("ours, equal", c.ours_equal), ("ours, slack", c.ours_slack)):
+            print(f"  {label:6s} {tag:14s} ${r.cost_usd:8.2f}  done in {r.completion_h:5.1f} h  missed "
+                  f"{r.missed}  spot {r.spot_gpu_hours:.1f} / on-demand {r.on_demand_gpu_hours:.1f} / on-prem "
+                  f"{r.onprem_gpu_hours:.1f} GPU-h, {r.preemptions} preemptions")
+    equal = [c.ratio_equal for _, c in runs]
+    slack = [c.ratio_slack for _, c in runs]
+    late = max(c.ours_slack.completion_h - c.on_demand.completion_h for _, c in runs)
+    met = sum(c.meets for _, c in runs)
+    over = max(c.ours_equal.completion_h - c.on_demand.completion_h for _, c in runs) * 60
+    missed = sum(c.ours_equal.missed for _, c in runs)
+    print(f"  with the sweep's 1.5x deadline slack: {max(slack):.2f} x at worst of "
+          f"{', '.join(f'{r:.2f}' for r in slack)}, finishing up to {late:+.1f} h after all-on-demand")
+    print(f"sweep_cost_vs_on_demand: {max(equal):.2f} x at worst of {', '.join(f'{r:.2f}' for r in equal)} at equal "
+          f"completion time (deadline = all-on-demand's completion; met at {met} of {len(runs)} arrival points, "
+          f"{missed} trials past it, last end {over:+.0f} min vs all-on-demand) "
+          f"(target <= {COST_TARGET})")
 
 
 def main() -> None:
@@ -120,7 +146,11 @@ def main() -> None:
     parser.add_argument("--parallelism", type=int, default=4)
     parser.add_argument("--rows", type=int, default=4000, help="rows of sample data (trial length)")
     parser.add_argument("--skip-simulator", action="store_true")
+    parser.add_argument("--simulator-only", action="store_true", help="only the simulator part (no sweep runs)")
     args = parser.parse_args()
+    if args.simulator_only:
+        simulate(args.trials, args.parallelism)
+        return
 
     with tempfile.TemporaryDirectory(prefix="sweep-bench-") as tmp:
         os.environ["PREFECT_HOME"] = str(Path(tmp) / "prefect")
@@ -153,21 +183,7 @@ def main() -> None:
           f"(|diff| {gap:.4f}, {'equal' if gap <= EQUAL_METRIC else 'NOT equal'} within {EQUAL_METRIC}); "
           f"makespan {pruned.trials_seconds:.1f} s vs {full.trials_seconds:.1f} s")
     if not args.skip_simulator:
-        capacity, runs = simulator_part(args.trials, args.parallelism)
-        print(f"simulator: a {args.trials}-trial sweep ({args.parallelism} at a time, 2-h trials, half pruned at a "
-              f"third) beside the pod trace (on-prem {capacity} GPUs, 1.1x load), arriving at three points")
-        ratios = []
-        for label, ours, od in runs:
-            ratios.append(ours.cost_usd / od.cost_usd)
-            for r in (ours, od):
-                print(f"  {label:6s} {r.contender:14s} ${r.cost_usd:8.2f}  done in {r.completion_h:5.1f} h  missed "
-                      f"{r.missed}  spot {r.spot_gpu_hours:.1f} / on-demand {r.on_demand_gpu_hours:.1f} / on-prem "
-                      f"{r.onprem_gpu_hours:.1f} GPU-h, {r.preemptions} preemptions")
-        worst = max(ratios)
-        late = max(ours.completion_h - od.completion_h for _, ours, od in runs)
-        print(f"sweep_cost_vs_on_demand: {worst:.2f} x at worst of {', '.join(f'{r:.2f}' for r in ratios)} "
-              f"(target <= {COST_TARGET}); completion at most {late:+.2f} h vs all-on-demand, "
-              f"{sum(o.missed for _, o, _ in runs)} trials past the sweep's deadline")
+        simulate(args.trials, args.parallelism)
     print(f"sweep_pruning_epochs_saved: {saved:.1%} (target >= {SAVED_TARGET:.0%})")
     print(f"sweep_makespan_ratio: {ratio:.3f} x (target <= {MAKESPAN_TARGET})")
 

@@ -130,6 +130,8 @@ class TrialRunner:
         self.placement_spec = trial_placement_spec(job)
         self.sites = ws.load_sites()
         self.lock = threading.Lock()
+        # One run-time estimate for the whole sweep (an MLflow search): every trial is the same job.
+        self.run_hours = stages.estimate_run_hours(ws, self.placement_spec)
 
     def data_at(self, site: str) -> DatasetVersion:
         with self.lock:  # one sync per site, however many trials go there
@@ -160,7 +162,8 @@ class TrialRunner:
             return dispatch_trial(self.ws, params, site, self.mode, self.timeout_s, self.run_id)
 
         def replace(exclude: dict[str, str]) -> Placed:
-            outcome = place(self.ws, self.placement_spec, self.approved.size, self.run_id, unavailable=exclude)
+            outcome = place(self.ws, self.placement_spec, self.approved.size, self.run_id, unavailable=exclude,
+                            run_hours=self.run_hours, artifact=False)
             classes[outcome.site] = outcome.capacity_class
             return Placed(outcome.site, outcome.capacity_class, "; ".join(outcome.reasons))
 
@@ -279,20 +282,25 @@ def sweep(
                 submit()
             while running:
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                ended = []
+                # A freed slot takes its next trial first (tell, then ask: the sampler sees the result); the
+                # table artifact and the log, API calls that can take seconds on a busy server, come after.
                 for fut in finished:
                     ticket = running.pop(fut)
                     row = fut.result()
                     study.tell(ticket, row.state, row.value)
                     results.add(row)
                     failed += row.state == "failed"
-                    log.info("trial %d %s: %s=%s at %s (%s), $%.4f", row.trial, row.state, sw.objective.metric,
-                             "-" if row.value is None else f"{row.value:.4f}", row.site, row.capacity_class,
-                             row.cost_usd)
-                    create_table_artifact(results.table(), key=f"sweep-{job.name}",
-                                          description=f"Sweep {study_name}: every trial that ended so far")
+                    ended.append(row)
                     stop = sw.max_failed_trials is not None and failed > sw.max_failed_trials
                     if asked < remaining and not stop:
                         submit()
+                for row in ended:
+                    log.info("trial %d %s: %s=%s at %s (%s), $%.4f", row.trial, row.state, sw.objective.metric,
+                             "-" if row.value is None else f"{row.value:.4f}", row.site, row.capacity_class,
+                             row.cost_usd)
+                create_table_artifact(results.table(), key=f"sweep-{job.name}",
+                                      description=f"Sweep {study_name}: every trial that ended so far")
         trials_seconds = time.perf_counter() - trials_started
         registry.log_dict(run_id, [r.model_dump(mode="json") for r in results.rows], "sweep/trials.json")
         plots = publish_plots(ws, run_id, url, study_name, sw)

@@ -7,19 +7,24 @@ between jobs, so the sweep's slots are modelled as waves: wave ``k`` of ``parall
 arrives when wave ``k-1`` would end on dedicated capacity (``k × trial_hours``). Pruning shortens
 trials: a seeded ``pruned_share`` of them stop after ``pruned_fraction`` of their epochs. Every
 trial must end by the sweep's deadline: ``deadline_slack`` × the dedicated-capacity makespan
-after arrival (the time an all-on-demand sweep takes, plus slack).
+after arrival (the time an all-on-demand sweep takes, plus slack), or ``deadline_hours`` after
+arrival when given.
 
 ``compare`` replays trace + sweep under two contenders with the production engine — our policy
 (opportunistic trials may take spot) and the all-on-demand burst baseline (every job goes to
 on-demand cloud capacity at once) — and reports the sweep's trials only: their cost, and the
-sweep's completion time (last trial's finish − arrival).
+sweep's completion time (last trial's finish − arrival). A cheaper sweep that finishes later is
+not the same service, so ``compare_at_equal_completion`` also replays ours with the sweep's
+deadline set to the all-on-demand sweep's own completion time: ours may take spot only where it
+still ends by then (the engine's deadline rule), and the cost ratio is read at that equal
+completion time (``meets`` says whether ours did end by it).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -44,6 +49,7 @@ class SweepWorkload:
     checkpoint_gb: float = 0.5
     checkpoint_interval_s: float = 900.0
     deadline_slack: float = 1.5
+    deadline_hours: float | None = None
     seed: int = 7
 
     @property
@@ -52,7 +58,9 @@ class SweepWorkload:
 
     def jobs(self, arrival: float) -> list[SimJob]:
         rng = np.random.default_rng(self.seed)
-        deadline = arrival + self.deadline_slack * self.waves * self.trial_hours * 3600
+        hours = self.deadline_hours if self.deadline_hours is not None else \
+            self.deadline_slack * self.waves * self.trial_hours
+        deadline = arrival + hours * 3600
         out = []
         for i in range(self.n_trials):
             wave = i // self.parallelism
@@ -95,3 +103,34 @@ def compare(scenario: Scenario, trace_jobs: Sequence[SimJob], workload: SweepWor
     """Replay the trace's jobs plus the sweep under each contender; the sweep's part of each."""
     jobs = sorted([*trace_jobs, *workload.jobs(arrival)], key=lambda j: (j.arrival, j.id))
     return [sweep_outcome(c.name, Simulation(scenario, c).run(jobs), arrival) for c in contenders]
+
+
+@dataclass(frozen=True)
+class EqualCompletion:
+    """Ours against all-on-demand with the same completion-time budget, and ours with the workload's own slack."""
+
+    on_demand: SweepReplay
+    ours_equal: SweepReplay  # deadline = the all-on-demand sweep's completion time
+    ours_slack: SweepReplay  # deadline = the workload's (deadline_slack x the dedicated makespan)
+
+    @property
+    def meets(self) -> bool:
+        """Ours ended no later than all-on-demand (1 s of float tolerance) and missed no trial's deadline."""
+        return self.ours_equal.completion_h <= self.on_demand.completion_h + 1 / 3600 and not self.ours_equal.missed
+
+    @property
+    def ratio_equal(self) -> float:
+        return self.ours_equal.cost_usd / self.on_demand.cost_usd
+
+    @property
+    def ratio_slack(self) -> float:
+        return self.ours_slack.cost_usd / self.on_demand.cost_usd
+
+
+def compare_at_equal_completion(scenario: Scenario, trace_jobs: Sequence[SimJob], workload: SweepWorkload,
+                                arrival: float, ours: Contender, on_demand: Contender) -> EqualCompletion:
+    """All-on-demand first; then ours with the sweep's deadline at that completion time, and ours with the slack."""
+    od, slack = compare(scenario, trace_jobs, workload, arrival, [on_demand, ours])
+    equal = replace(workload, deadline_hours=od.completion_h)
+    (eq,) = compare(scenario, trace_jobs, equal, arrival, [ours])
+    return EqualCompletion(on_demand=od, ours_equal=eq, ours_slack=slack)

@@ -16,6 +16,7 @@ capacity is free; the parent ``tell``s the study trial 5 was pruned and asks for
 from __future__ import annotations
 
 import math
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,8 +56,25 @@ def storage_url(ws: Workspace, override: str | None = None) -> str:
     return url
 
 
+_STORAGES: dict[str, Any] = {}
+_STORAGES_LOCK = threading.Lock()
+
+
 def open_storage(url: str) -> Any:
-    """An Optuna RDB storage on ``url``; the SQLite file's directory is created on first use."""
+    """An Optuna RDB storage on ``url``, one per URL and process; the SQLite file's directory is created on first use.
+
+    Opening one costs a new engine and connection pool, Optuna's schema check and version query:
+    every trial run in this process (the sweep's parent, a worker) shares the first one instead
+    (thread-safe: Optuna gives each thread its own session).
+    """
+    with _STORAGES_LOCK:
+        storage = _STORAGES.get(url)
+        if storage is None:
+            storage = _STORAGES[url] = _new_storage(url)
+        return storage
+
+
+def _new_storage(url: str) -> Any:
     import optuna
     import sqlalchemy.exc
 

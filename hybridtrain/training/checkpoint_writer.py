@@ -1,7 +1,8 @@
 """CheckpointWriter: stores checkpoints in a background thread, so training waits only for an in-memory snapshot.
 
-``submit(state, step)`` copies the state to CPU memory (every tensor cloned, every container
-rebuilt: training may change the originals the moment ``submit`` returns) and hands the copy
+``submit(state, step)`` copies the state to CPU memory (every tensor copied, every container
+rebuilt: training may change the originals the moment ``submit`` returns; from the second
+checkpoint on into the previous snapshot's buffers, whose write has ended) and hands the copy
 to one writer thread, which calls ``CheckpointStore.save`` — serialization, the SHA-256
 manifest, the two atomic object writes and retention, exactly as a synchronous save does. So
 a checkpoint becomes visible only when its data and its manifest are both stored, whether the
@@ -44,16 +45,27 @@ from hybridtrain.training.checkpoint import CheckpointInfo, CheckpointStore
 log = logging.getLogger(__name__)
 
 
-def snapshot(state: Any) -> Any:
-    """A copy of ``state`` that shares no mutable object with it: tensors cloned to the CPU, containers rebuilt."""
+def snapshot(state: Any, into: Any = None) -> Any:
+    """A copy of ``state`` that shares no mutable object with it: tensors cloned to the CPU, containers rebuilt.
+
+    ``into``: an earlier snapshot nobody reads any more. Its CPU tensors of the same shape, dtype
+    and layout are overwritten in place (``copy_``) instead of allocated anew: a large state then
+    costs the step one memory copy, not an allocation whose every page faults on first touch.
+    """
     if isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True)
+        src = state.detach()
+        if (isinstance(into, torch.Tensor) and into.device.type == "cpu" and into.shape == src.shape
+                and into.dtype == src.dtype and into.layout == src.layout == torch.strided
+                and into.is_contiguous() and type(into) is torch.Tensor and not src.is_quantized):
+            return into.copy_(src)
+        return src.to("cpu", copy=True)
     if isinstance(state, dict):
-        return type(state)((k, snapshot(v)) for k, v in state.items())
-    if isinstance(state, list):
-        return [snapshot(v) for v in state]
-    if isinstance(state, tuple):
-        return tuple(snapshot(v) for v in state)
+        spare = into if isinstance(into, dict) else {}
+        return type(state)((k, snapshot(v, spare.get(k))) for k, v in state.items())
+    if isinstance(state, (list, tuple)):
+        spare = into if isinstance(into, (list, tuple)) and len(into) == len(state) else [None] * len(state)
+        items = [snapshot(v, o) for v, o in zip(state, spare, strict=True)]
+        return items if isinstance(state, list) else tuple(items)
     if isinstance(state, (str, int, float, bool, type(None))):
         return state
     return copy.deepcopy(state)
@@ -75,6 +87,8 @@ class CheckpointWriter:
         self.write_seconds = 0.0
         #: Seconds callers spent blocked in ``submit`` (snapshot + waiting for the previous write).
         self.blocked_seconds = 0.0
+        #: The last snapshot handed to the writer; once its write has ended, the next snapshot reuses its tensors.
+        self._spare: Any = None
 
     def __enter__(self) -> Self:
         return self
@@ -121,8 +135,9 @@ class CheckpointWriter:
         Waits first for a write still in flight (raising its error, if it failed).
         """
         began = time.perf_counter()
-        self._collect(block=True)
-        copied = snapshot(state)
+        self._collect(block=True)  # the previous write has ended: its snapshot is free to overwrite
+        copied = snapshot(state, self._spare)
+        self._spare = copied
         self._pending = self._pool.submit(self._store, copied, step, keep_last)
         self.blocked_seconds += time.perf_counter() - began
 

@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
 NETWORK_TS = "network.ts"
 SCRIPT = "score.py"
 SCRIPT_SOURCE = Path(__file__).with_name("edge_score.py")
+#: TorchScript compiles into one global compilation unit and is not thread-safe: two trials of an
+#: in-process sweep exporting at once failed with "Can't redefine method: forward on class ... Linear".
+_SCRIPT_LOCK = threading.Lock()
 
 
 def export(network: Any, featurizer: Any, columns: dict[str, str], dest: Path) -> Path:
@@ -38,8 +42,9 @@ def export(network: Any, featurizer: Any, columns: dict[str, str], dest: Path) -
     was_training = network.training
     network.eval()
     try:
-        scripted = torch.jit.script(network)
-        scripted.save(str(dest / NETWORK_TS))
+        with _SCRIPT_LOCK:
+            scripted = torch.jit.script(network)
+            scripted.save(str(dest / NETWORK_TS))
     finally:
         network.train(was_training)
     (dest / "featurizer.json").write_text(json.dumps(featurizer.to_dict(), sort_keys=True))

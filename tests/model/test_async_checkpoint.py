@@ -63,6 +63,33 @@ def test_snapshot_shares_no_tensor_or_container_with_the_state():
     assert copied["opt"]["lr"] == [0.1] and copied["step"] == 4
 
 
+def test_a_snapshot_into_an_earlier_one_reuses_its_buffers_and_still_copies():
+    state = {"w": torch.arange(6.0).reshape(2, 3), "opt": [torch.ones(2), {"m": torch.zeros(4)}], "step": 1}
+    first = snapshot(state)
+    buffers = [first["w"].data_ptr(), first["opt"][0].data_ptr(), first["opt"][1]["m"].data_ptr()]
+    state["w"].add_(10)
+    state["opt"][1]["m"] = torch.zeros(5)  # a shape change: that tensor is allocated anew
+    second = snapshot(state, first)
+    assert [second["w"].data_ptr(), second["opt"][0].data_ptr()] == buffers[:2]
+    assert second["opt"][1]["m"].data_ptr() != buffers[2] and second["opt"][1]["m"].shape == (5,)
+    assert torch.equal(second["w"], torch.arange(6.0).reshape(2, 3) + 10)
+    state["w"].add_(1)  # the reused buffer is still a copy, not the state's tensor
+    assert torch.equal(second["w"], torch.arange(6.0).reshape(2, 3) + 10)
+
+
+def test_consecutive_background_checkpoints_each_store_their_own_values(tmp_path):
+    """The writer reuses the previous snapshot's buffers only after its write ended: every checkpoint keeps its values."""
+    store = CheckpointStore(LocalObjectStore(tmp_path), "run", keep_last=5, file_upload_bytes=64)
+    weights = torch.zeros(64)  # 256 bytes: over file_upload_bytes, so the file path serializes it
+    with CheckpointWriter(store) as writer:
+        for step in (1, 2, 3):
+            weights.fill_(step)
+            writer.submit({"w": weights}, step)
+        writer.wait()
+    stored = {c.step: store._load(c)["w"] for c in store.list()}
+    assert {s: float(w[0]) for s, w in stored.items()} == {1: 1.0, 2: 2.0, 3: 3.0}
+
+
 def test_training_goes_on_while_a_write_is_in_flight_and_the_stored_state_is_the_snapshot(tmp_path):
     objects = GatedStore(tmp_path)
     store = CheckpointStore(objects, "run")

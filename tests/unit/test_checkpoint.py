@@ -39,6 +39,19 @@ def test_round_trip(ckpts, objects):
     assert ckpts.list() == [info]
 
 
+def test_a_large_state_is_serialized_to_a_file_with_the_same_manifest(objects):
+    """States of file_upload_bytes or more go through a temporary file: same bytes, hash and size in the manifest."""
+    big = CheckpointStore.for_run(objects, "churn", "run-2", file_upload_bytes=16)
+    info = big.save(state(3), step=3)
+    raw = objects.get_bytes(info.key)
+    assert info.size == len(raw) and info.sha256 == hashlib.sha256(raw).hexdigest()
+    loaded, latest = big.latest_valid()
+    assert latest == info and torch.equal(loaded["weights"], state(3)["weights"])
+    with pytest.raises(TypeError, match="weights_only"):
+        big.save({"w": torch.zeros(8), "numpy_rng": np.arange(3)}, 4)
+    assert big.list() == [info]
+
+
 def test_empty_store_has_no_checkpoint(ckpts):
     assert ckpts.latest_valid() is None
     assert ckpts.list() == []

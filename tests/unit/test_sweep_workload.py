@@ -7,7 +7,7 @@ from dataclasses import replace
 from hybridtrain.placement.strategy import ThresholdBurst
 from hybridtrain.simulation.comparison import default_scenario
 from hybridtrain.simulation.simulator import Contender, our_policy
-from hybridtrain.simulation.sweep_workload import SWEEP_PREFIX, SweepWorkload, compare
+from hybridtrain.simulation.sweep_workload import SWEEP_PREFIX, SweepWorkload, compare, compare_at_equal_completion
 
 
 def test_trials_arrive_in_waves_with_one_deadline_and_pruned_ones_are_shorter():
@@ -31,3 +31,23 @@ def test_a_sweep_on_a_full_cluster_costs_less_on_spot_than_on_demand_and_finishe
     assert od.on_demand_gpu_hours > 0 and od.spot_gpu_hours == 0
     assert ours.spot_gpu_hours > 0 and ours.cost_usd < od.cost_usd
     assert ours.missed == 0 and od.missed == 0
+
+
+def test_at_equal_completion_ours_gets_all_on_demands_completion_time_as_its_deadline():
+    scenario = default_scenario(capacity=2)
+    t0 = 3 * 86400.0
+    busy = [replace(j, id=f"busy-{i}", job_class="standard", deadline=None) for i, j in enumerate(
+        SweepWorkload(n_trials=2, parallelism=2, trial_hours=24, pruned_share=0.0).jobs(t0))]
+    workload = SweepWorkload(n_trials=8, parallelism=4, trial_hours=1.0)
+    c = compare_at_equal_completion(scenario, busy, workload, t0 + 60, our_policy(),
+                                    Contender("all_on_demand", ThresholdBurst(queue_limit=-1)))
+    # The slack replay is the plain comparison.
+    slack, _ = compare(scenario, busy, workload, t0 + 60, [our_policy(), Contender("all_on_demand",
+                                                                                     ThresholdBurst(queue_limit=-1))])
+    assert c.ours_slack == slack
+    assert c.on_demand.completion_h < 1.5 * workload.waves * workload.trial_hours
+    tight = replace(workload, deadline_hours=c.on_demand.completion_h).jobs(t0 + 60)
+    assert {j.deadline for j in tight} == {t0 + 60 + c.on_demand.completion_h * 3600}
+    # Bound by all-on-demand's completion time, ours still ends by it and still costs less.
+    assert c.meets and c.ours_equal.missed == 0
+    assert c.ratio_equal < 1
