@@ -25,13 +25,15 @@ SWEEP = {
                    "dropout": {"type": "float", "low": 0.0, "high": 0.5}},
 }
 # Trials 0 and 1 start together; 2 takes 1's slot when it fails; 3 starts when 0 or 2 has completed,
-# so the median pruner (after one finished trial) has an epoch-1 value to compare it with. Trial 2
-# repeats trial 0's values (same seed, one thread: the same curve), so whether 0 has finished when 2
-# reports its first epoch or not, 2 is never behind the median and completes on any machine's timing.
+# so the median pruner (after one finished trial) has an epoch-1 value to compare it with. Trial 0
+# learns slowly (a small learning rate) and starts first, so no finished trial is ahead of it when it
+# reports; trial 2 learns faster than 0 (a larger learning rate), so it is never behind the median
+# whether 0 has finished when 2 reports or not. Both complete with different values, so Optuna can
+# rank the parameters' importance.
 ENQUEUED = [
-    {"learning_rate": 0.01, "dropout": 0.1},       # 0: completes
+    {"learning_rate": 0.003, "dropout": 0.0},      # 0: completes (learns slowly)
     {"learning_rate": 0.01, "dropout": 1.5},       # 1: the model refuses it -> failed
-    {"learning_rate": 0.01, "dropout": 0.1},       # 2: trial 0's values, so 0's curve: never behind it
+    {"learning_rate": 0.01, "dropout": 0.1},       # 2: completes, ahead of 0 at every epoch
     {"learning_rate": 1e-6, "dropout": 0.4},       # 3: pruned after epoch 1
 ]
 
