@@ -46,6 +46,22 @@ def write_deployments(root: Path) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
+def drop_data_stage_deployments() -> None:
+    """Delete the data stages' deployments that earlier test files left on this session's Prefect server.
+
+    With ``dispatch="auto"`` a stage goes to its pool when its deployment exists; those deployments
+    point at another test's workspace, so here the data stages must run in the sweep's own process."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        for name in ("prepare-data/onprem", "prepare-data/cloud", "sync-data/onprem", "sync-data/cloud"):
+            try:
+                client.delete_deployment(client.read_deployment_by_name(name).id)
+            except ObjectNotFound:
+                pass
+
+
 @pytest.fixture(scope="module")
 def pools(prefect_server, pseudonym_key, tmp_path_factory):
     from deployments.bootstrap import bootstrap
@@ -56,6 +72,7 @@ def pools(prefect_server, pseudonym_key, tmp_path_factory):
         (root / pkg).symlink_to(ROOT / pkg, target_is_directory=True)
     write_deployments(root)
     bootstrap(Workspace.resolve(root))
+    drop_data_stage_deployments()
     logs = [base / "worker-onprem.log", base / "worker-cloud.log"]
     procs = [start_worker("onprem", root, prefect_server, logs[0]), start_worker("cloud", root, prefect_server, logs[1])]
     try:

@@ -136,7 +136,7 @@ def test_a_lifecycle_runs_across_sites_that_share_no_checkout(control_plane):
         assert f"pool cloud: workers clone commit {sha}" in deployed, deployed
         with temporary_settings(updates={PREFECT_API_URL: stack.prefect_api}):
             with get_client(sync_client=True) as client:  # their schedules are test_served_stack's; here they
-                for name in ("burst-controller/onprem", "recover-runs/onprem"):  # would only add cold runs
+                for name in ("burst-controller/control", "recover-runs/control"):  # would only add cold runs
                     client.pause_deployment(client.read_deployment_by_name(name).id)
             wait_until(lambda: all(workers_online(p) for p in ("onprem", "cloud")) or any(
                 w.poll() is not None for w in workers), "both sites' workers to come online", timeout=RUN_TIMEOUT_S,
