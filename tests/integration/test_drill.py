@@ -22,6 +22,8 @@ from hybridtrain.errors import SpecError
 from hybridtrain.workspace import Workspace
 from tests.fixtures.workspaces import ROOT, make_workspace
 
+pytestmark = pytest.mark.slow  # the failover drill starts its S3, SSH and Prefect processes
+
 STEPS = 300
 INTERVAL = 25
 

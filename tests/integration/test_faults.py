@@ -68,6 +68,8 @@ from tests.fixtures.training_data import (
 from tests.fixtures.workspaces import ROOT
 from tests.integration.fault_worker import setup
 
+pytestmark = pytest.mark.slow  # real sshd, S3 server and killed training processes
+
 WAIT_S = 90.0  # bound on every wait for a process or a job in this file
 GRACE_S = 10.0
 # The worker's run: 20000 rows / batch 64 = 313 steps per epoch, 4 epochs; a checkpoint every 25.

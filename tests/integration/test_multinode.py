@@ -25,6 +25,8 @@ from hybridtrain.training.trainer import Trainer
 from tests.fixtures.processes import start_sshd, stop_sshd
 from tests.fixtures.ssh_job import SPEC
 
+pytestmark = pytest.mark.slow  # real sshd hosts and torchrun ranks
+
 FAST = Timeouts(connect=3, command=20, reconnect=30)
 WAIT_S = 240.0
 EPOCHS = 30  # 16 global batches an epoch (the last of 80 rows: 40 per rank), checkpoint every 50 steps

@@ -23,6 +23,8 @@ from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.trainer import Trainer
 from tests.fixtures.ssh_job import SPEC
 
+pytestmark = pytest.mark.slow  # a real sshd on loopback
+
 FAST = Timeouts(connect=3, command=20, reconnect=30)
 WAIT_S = 60.0  # bound on every job wait in this file
 LABEL = "churned"
