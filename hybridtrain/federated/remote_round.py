@@ -37,7 +37,7 @@ from hybridtrain.errors import RemoteJobFailed, TransientError
 from hybridtrain.federated.host_round import ENTRY_POINT, REPORT_FILE, RoundBundle, RoundReport
 from hybridtrain.remote.host_training import ERROR_FILES
 from hybridtrain.remote.job_bundle import SECRETS_FILE
-from hybridtrain.remote.remote_training import SETUP_ALLOWANCE_S, portable_site
+from hybridtrain.remote.remote_training import SETUP_ALLOWANCE_S, attach_or_retire, portable_site
 from hybridtrain.remote.ssh_site import SshSite, Timeouts
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.specs.sites import Site, SshHost
@@ -67,20 +67,7 @@ def ssh_train_round(ws: Workspace, spec: JobSpec, site: Site, aggregation_site: 
     limit = timeout if timeout is not None else spec.resources.max_hours * 3600 + SETUP_ALLOWANCE_S
     timeouts = Timeouts(connect=host.connect_timeout_s, command=host.command_timeout_s, reconnect=host.reconnect_s)
     with SshSite(host, private_key, known_hosts, site=site.name, timeouts=timeouts) as remote:
-        job = remote.find(job_id)
-        if job is not None:
-            try:
-                status = remote.poll(job)
-            except RemoteJobFailed:
-                status = -1
-            if status not in (None, 0):
-                aside = remote.retire(job)
-                emit(f"hybridtrain: earlier attempt of {job_id} ended with status {status}; moved to {aside}, "
-                     "launching again")
-                job = None
-            else:
-                emit(f"hybridtrain: {job_id} already {'running' if status is None else 'finished'} on "
-                     f"{remote.label}; attaching")
+        job = attach_or_retire(remote, job_id, emit, "the round trains again from its global model")
         if job is None:
             bundle = RoundBundle(
                 job_id=job_id, code_version=code_version(ws.root), spec=spec.to_dict(), approved=approved,

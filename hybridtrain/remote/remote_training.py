@@ -126,6 +126,26 @@ def portable_site(ws: Workspace, site: Site) -> Site:
     return site
 
 
+def attach_or_retire(remote: SshSite, job_id: str, emit: Callable[[str], None], relaunch_note: str) -> Any:
+    """Job ``job_id`` on ``remote`` to attach to: a running or finished earlier attempt; None when there is
+    none, or when it failed (it is moved aside and the caller launches again)."""
+    job = remote.find(job_id)
+    if job is None:
+        return None
+    try:
+        status = remote.poll(job)
+        ended = f"ended with status {status}"
+    except RemoteJobFailed:
+        status, ended = -1, "vanished without an exit status"
+    if status not in (None, 0):
+        aside = remote.retire(job)
+        emit(f"hybridtrain: earlier attempt of job {job_id} {ended}; moved to {aside}, launching again ({relaunch_note})")
+        return None
+    emit(f"hybridtrain: job {job_id} already {'running' if status is None else 'finished'} on {remote.label}; "
+         "attaching")
+    return job
+
+
 def ssh_train(
     ws: Workspace,
     spec: JobSpec,
@@ -160,21 +180,7 @@ def ssh_train(
     limit = timeout if timeout is not None else spec.resources.max_hours * 3600 + SETUP_ALLOWANCE_S
     local = ws.state_dir / "jobs" / job_id
     with SshSite(host, private_key, known_hosts, site=site.name, timeouts=timeouts) as remote:
-        job = remote.find(job_id)
-        if job is not None:
-            try:
-                status = remote.poll(job)
-                ended = f"ended with status {status}"
-            except RemoteJobFailed:
-                status, ended = -1, "vanished without an exit status"
-            if status not in (None, 0):
-                aside = remote.retire(job)
-                emit(f"hybridtrain: earlier attempt of job {job_id} {ended}; moved to {aside}, launching again "
-                     "(training resumes from its newest checkpoint)")
-                job = None
-            else:
-                emit(f"hybridtrain: job {job_id} already {'running' if status is None else 'finished'} on "
-                     f"{remote.label}; attaching")
+        job = attach_or_retire(remote, job_id, emit, "training resumes from its newest checkpoint")
         if job is None:
             bundle = JobBundle(
                 job_id=job_id, code_version=code_version(ws.root), spec=spec.to_dict(), approved=approved,
