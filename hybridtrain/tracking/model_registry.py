@@ -227,6 +227,13 @@ class Registry:
             self.client.get_registered_model(name)
         except MlflowException:
             self.client.create_registered_model(name, description="Registered by hybridtrain.")
+        # Idempotent: a retried promotion (or MLflow's own retry of a create that did land) reuses the
+        # version this run already registered from this source instead of adding a duplicate.
+        for mv in self.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'"):
+            if mv.source == model_uri:
+                if tags:
+                    self.set_version_tags(name, str(mv.version), tags)
+                return self.version(name, mv.version)
         # A LoggedModel source (models:/m-<id>) must name its model id: an MLflow server rejects it otherwise.
         model_id = model_uri.removeprefix("models:/") if model_uri.startswith("models:/m-") else None
         mv = self.client.create_model_version(

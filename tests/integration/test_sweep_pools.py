@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,7 @@ def test_trials_run_in_their_pools_and_a_preempted_trial_resumes(pools):
     study.enqueue_trial({"learning_rate": 0.01, "epochs": 2})
 
     out: dict = {}
+    started = datetime.now(UTC)  # earlier test files in this session ran sweep trials on the same server
     # auto: the trials go to their pools (their deployments exist), the data stages run here (theirs do not).
     runner = threading.Thread(target=lambda: out.update(summary=sweep(
         spec_path=str(spec), workspace=str(root), dispatch="auto", promote_best=False)), daemon=True)
@@ -134,7 +136,8 @@ def test_trials_run_in_their_pools_and_a_preempted_trial_resumes(pools):
     assert resumed.epochs == 80
     with get_client(sync_client=True) as client:
         flows = {f.id: f.name for f in client.read_flows()}
-        trial_runs = [fr for fr in client.read_flow_runs() if flows[fr.flow_id] == "sweep-trial"]
+        trial_runs = [fr for fr in client.read_flow_runs()
+                      if flows[fr.flow_id] == "sweep-trial" and fr.created and fr.created >= started]
         names = sorted(fr.name.rsplit("-at-", 1)[0] for fr in trial_runs)
         assert names == ["trial-0-attempt-1", "trial-0-attempt-2", "trial-1-attempt-1"]
         assert {fr.work_pool_name for fr in trial_runs} == {"cloud"}  # the pool of cloud-eu, where the spec pins them

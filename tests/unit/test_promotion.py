@@ -44,9 +44,10 @@ class World:
         self.audit = AuditLog(tmp / "audit" / "audit.jsonl")
 
     def register(self, auc: float) -> GateInputs:
-        (self.tmp / "model").mkdir(exist_ok=True)
+        model = self.tmp / f"model-{next(_names)}"  # each version its own model (one run, one source, one version)
+        model.mkdir()
         tags = {**{dataset_tag(t): m for t, m in DATASETS.items()}, CHECKPOINT_TAG: CHECKPOINT_SHA}
-        info = self.registry.register((self.tmp / "model").as_uri(), self.model, self.run_id, tags)
+        info = self.registry.register(model.as_uri(), self.model, self.run_id, tags)
         champion = self.registry.by_alias(self.model, CHAMPION)
         bundle = make_bundle(self.tmp / "bundles" / info.version, KEY, model=self.model, version=info.version)
         return GateInputs(
@@ -79,6 +80,17 @@ class World:
 @pytest.fixture
 def world(registry, tmp_path) -> World:
     return World(registry, tmp_path)
+
+
+def test_registering_the_same_model_of_a_run_again_returns_its_version(world):
+    """A retried promotion (or MLflow's retry of a create that landed) must not add a duplicate version."""
+    source = world.tmp / "retried-model"
+    source.mkdir()
+    first = world.registry.register(source.as_uri(), world.model, world.run_id, {"attempt": 1})
+    again = world.registry.register(source.as_uri(), world.model, world.run_id, {"attempt": 2})
+    assert again.version == first.version
+    assert [v.version for v in world.registry.versions(world.model)] == [first.version]
+    assert again.tags["attempt"] == "2"
 
 
 def test_promote_then_roll_back_restores_the_previous_version_everywhere(world):
