@@ -4,8 +4,9 @@
 this module adds what the spec *names* elsewhere: the sites catalog (``dataset.site``,
 ``placement.site``, object-store release targets), the placement policy (``placement.strategy``,
 ``placement.job_class``), the promotion gate registry (``promotion.gates``) and the release
-target kinds (``promotion.release_targets[].kind``). ``hybridtrain validate``, ``plan``, ``run``,
-the lifecycle flow and the drill load specs through here, so a spec that names a strategy the
+target kinds (``promotion.release_targets[].kind``) and the sweep samplers and pruners
+(``sweep.sampler.name``, ``sweep.pruner.name``). ``hybridtrain validate``, ``plan``, ``run``,
+the lifecycle and sweep flows and the drill load specs through here, so a spec that names a strategy the
 policy does not know is refused before anything runs, together with every other problem::
 
     jobs/churn.yaml: 2 problems found; fix and re-run:
@@ -29,6 +30,7 @@ from hybridtrain.placement.strategy import STRATEGIES
 from hybridtrain.specs.config_file import load_model, read_yaml, validate_data
 from hybridtrain.specs.job import JobSpec, check_semantics
 from hybridtrain.specs.sites import SitesCatalog
+from hybridtrain.sweeps.registry import PRUNERS, SAMPLERS
 
 #: The ``kind:`` of each config file ``validate_file`` knows (a file without one is a job spec).
 KINDS = ("TrainingJob", "SitesCatalog", "PlacementPolicy")
@@ -36,7 +38,20 @@ KINDS = ("TrainingJob", "SitesCatalog", "PlacementPolicy")
 
 def job_problems(spec: JobSpec, sites: SitesCatalog | None = None, policy: Policy | None = None) -> list[Problem]:
     """Every problem of ``spec``: its own rules, then what it names in ``sites``, ``policy`` and the registries."""
-    return [*check_semantics(spec, sites), *promotion_problems(spec, sites), *placement_problems(spec, policy)]
+    return [*check_semantics(spec, sites), *promotion_problems(spec, sites), *placement_problems(spec, policy),
+            *sweep_problems(spec)]
+
+
+def sweep_problems(spec: JobSpec) -> list[Problem]:
+    """``sweep.sampler.name`` and ``sweep.pruner.name`` must be registered samplers and pruners."""
+    p: list[Problem] = []
+    if spec.sweep is None:
+        return p
+    if spec.sweep.sampler.name not in SAMPLERS:
+        p.append(Problem("sweep.sampler.name", SAMPLERS.unknown_message(spec.sweep.sampler.name)))
+    if spec.sweep.pruner.name not in PRUNERS:
+        p.append(Problem("sweep.pruner.name", PRUNERS.unknown_message(spec.sweep.pruner.name)))
+    return p
 
 
 def placement_problems(spec: JobSpec, policy: Policy | None) -> list[Problem]:

@@ -189,16 +189,9 @@ def sweep_problems(sweep: SweepSpec, model: Any) -> list[Problem]:
             if bad:
                 p.append(Problem(path, f"value {v!r} is not valid for model.{name}: {bad}"))
                 break
-    # Imported here: the registries live with their implementations, which import this module.
-    from hybridtrain.sweeps.registry import PRUNERS, SAMPLERS
-
-    if sweep.sampler.name not in SAMPLERS:
-        p.append(Problem("sweep.sampler.name", SAMPLERS.unknown_message(sweep.sampler.name)))
-    elif sweep.sampler.name == "grid" and any(x.type != "categorical" for x in sweep.parameters.values()):
+    if sweep.sampler.name == "grid" and any(x.type != "categorical" for x in sweep.parameters.values()):
         p.append(Problem("sweep.sampler.name", "grid searches categorical parameters only: give every parameter "
                                                "choices, or use tpe or random"))
-    if sweep.pruner.name not in PRUNERS:
-        p.append(Problem("sweep.pruner.name", PRUNERS.unknown_message(sweep.pruner.name)))
     if "epochs" in sweep.parameters and sweep.pruner.name == "asha":
         p.append(Problem("sweep.pruner.name", "asha compares trials at the same epoch: do not sweep epochs with it "
                                               "(use median, or fix epochs)"))

@@ -69,7 +69,12 @@ def test_bad_parameters_are_named_with_the_fix(tmp_path, parameters, expected):
 
 
 def test_unknown_sampler_and_pruner_list_the_valid_names(tmp_path):
-    text = problems(write(tmp_path, sampler={"name": "bayes"}, pruner={"name": "hyperband"}))
+    from hybridtrain.validation import load_job
+
+    with pytest.raises(SpecError) as info:
+        load_job(write(tmp_path, sampler={"name": "bayes"}, pruner={"name": "hyperband"}),
+                 SitesCatalog.load(ROOT / "deployments" / "sites.yaml"))
+    text = str(info.value)
     assert "unknown sweep sampler 'bayes'; choose one of: tpe (default), random" in text
     assert "unknown sweep pruner 'hyperband'; choose one of: median (default), asha, none" in text
     assert "sweep.sampler.name" in text and "sweep.pruner.name" in text
