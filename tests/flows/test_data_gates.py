@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from hybridtrain.errors import DataError
+from tests.fixtures.lifecycle_runs import retrack, run_failing
 from tests.fixtures.workspaces import build_workspace, spec_writer
-from tests.flows.test_lifecycle_failures import retrack, run
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def test_bad_data_stops_before_sync_and_registration(root, case, make, spec_chan
         md5 = retrack(root, make(raw(root)), case)
         changes.update(dataset__path=f"data/raw/{case}.csv", dataset__md5=md5)
     spec = spec_writer(root)(case, metadata__name=case, registry__model_name=f"{case}-model", **changes)
-    exc = run(spec, root)
+    exc = run_failing(spec, root)
     assert isinstance(exc, DataError), repr(exc)
     assert where in {p.path for p in exc.problems}, str(exc)
     assert "nothing was synced" in str(exc)

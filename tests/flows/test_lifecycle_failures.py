@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from hybridtrain.errors import DataError, LeakDetected, SpecError
+from tests.fixtures.lifecycle_runs import retrack, run_failing
 from tests.fixtures.workspaces import build_workspace, spec_writer
 
 pytestmark = pytest.mark.slow
@@ -17,44 +18,22 @@ def root(prefect_server, pseudonym_key, tmp_path_factory):
     return build_workspace(tmp_path_factory.mktemp("failures") / "ws", rows=2500)
 
 
-def run(spec_path, root):
-    from flows.lifecycle import lifecycle
-
-    state = lifecycle(spec_path=str(spec_path), workspace=str(root), dispatch="inline", return_state=True)
-    assert state.is_failed()
-    return state.result(raise_on_failure=False)
-
-
 def test_invalid_spec_fails_with_every_field_named(root):
     bad = root / "jobs" / "bad.yaml"
     data = yaml.safe_load((root / "jobs" / "churn.yaml").read_text())
     data["model"]["epoch"] = 3
     data["schema"]["label"] = "left"
     bad.write_text(yaml.safe_dump(data))
-    exc = run(bad, root)
+    exc = run_failing(bad, root)
     assert isinstance(exc, SpecError)
     assert {p.path for p in exc.problems} == {"model.epoch", "schema.label"}
-
-
-def retrack(root, df: pd.DataFrame, name: str) -> str:
-    """Write a raw CSV, version it with DVC and return its md5 (what a spec pins)."""
-    from hybridtrain import stages
-    from hybridtrain.workspace import Workspace
-
-    ws = Workspace.resolve(root)
-    path = f"data/raw/{name}.csv"
-    df.to_csv(root / path, index=False)
-    repo = stages.workspace_repo(ws, ws.load_sites(), "onprem-dc1")
-    v = repo.add(path, "raw", "onprem-dc1")
-    repo.push(v, "onprem-dc1")
-    return v.md5
 
 
 def test_missing_column_fails_naming_the_column(root):
     raw = pd.read_csv(root / "data" / "raw" / "churn.csv", dtype=str).drop(columns=["tenure_months"])
     md5 = retrack(root, raw, "no_tenure")
     spec = spec_writer(root)("no-tenure", dataset__path="data/raw/no_tenure.csv", dataset__md5=md5)
-    exc = run(spec, root)
+    exc = run_failing(spec, root)
     assert isinstance(exc, DataError)
     assert [p.path for p in exc.problems] == ["tenure_months"]
     assert "column is missing" in str(exc)
@@ -66,7 +45,7 @@ def test_raw_value_in_another_column_is_caught_and_nothing_is_synced(root):
     md5 = retrack(root, raw, "leaky")
     spec = spec_writer(root)("leaky", dataset__path="data/raw/leaky.csv", dataset__md5=md5,
                              metadata__name="leaky", registry__model_name="leaky-model")
-    exc = run(spec, root)
+    exc = run_failing(spec, root)
     assert isinstance(exc, LeakDetected)
     assert "email" in exc.hits
     assert "nothing was synced" in str(exc)
@@ -82,6 +61,6 @@ def test_raw_value_in_another_column_is_caught_and_nothing_is_synced(root):
 
 def test_pinned_version_that_does_not_exist_says_what_to_do(root):
     spec = spec_writer(root)("ghost", dataset__md5="f" * 32)
-    exc = run(spec, root)
+    exc = run_failing(spec, root)
     assert isinstance(exc, DataError)
     assert "set dataset.md5 to" in str(exc)

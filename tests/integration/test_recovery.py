@@ -27,8 +27,9 @@ import pytest
 import yaml
 
 from hybridtrain.drill.processes import stop_with_children
+from tests.fixtures.processes import flow_run_pids
 from tests.fixtures.processes import wait_until as wait_for
-from tests.fixtures.workspaces import build_workspace, spec_writer
+from tests.fixtures.workspaces import build_workspace, checkpoint_steps, spec_writer
 
 pytestmark = pytest.mark.slow
 WAIT_S = 240.0
@@ -36,12 +37,6 @@ WAIT_S = 240.0
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
     return wait_for(predicate, what, timeout=timeout, every=0.05)
-
-
-def checkpoint_steps(root: Path, site: str, job: str, run_key: str) -> list[int]:
-    """Steps of the complete checkpoints (manifests) of a run in ``site``'s store ("*": any site's)."""
-    found = (root / ".hybridtrain" / "stores").glob(f"{site}/objects/checkpoints/{job}/{run_key}/ckpt-*.json")
-    return sorted(int(p.name.split("-")[1]) for p in found)
 
 
 def audit_records(root: Path) -> list[dict]:
@@ -152,20 +147,6 @@ def test_a_job_whose_data_may_not_leave_waits_for_its_site_instead_of_failing_ov
     assert not (root / ".hybridtrain" / "stores" / "cloud-eu" / "objects" / "checkpoints").exists()
     lost = [r for r in audit_records(root) if r["action"] == "training_attempt"]
     assert lost[0]["outcome"].startswith("site-lost") and lost[-1]["outcome"] == "succeeded"
-
-
-def flow_run_pids(flow_run_id: str) -> list[int]:
-    """Processes running this flow run (the worker passes its id in the environment)."""
-    marker = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode()
-    pids = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if marker in (p / "environ").read_bytes().split(b"\0"):
-                    pids.append(int(p.name))
-            except OSError:
-                continue
-    return pids
 
 
 def test_a_crashed_lifecycle_run_is_resubmitted_once_and_resumes(workspace, prefect_server, monkeypatch):

@@ -22,8 +22,7 @@ import yaml
 from hybridtrain.drill.processes import stop_with_children
 from hybridtrain.workspace import Workspace
 from tests.fixtures.processes import start_worker, wait_for_workers, wait_until
-from tests.fixtures.workspaces import ROOT, build_workspace, spec_writer
-from tests.integration.test_recovery import checkpoint_steps
+from tests.fixtures.workspaces import ROOT, build_workspace, checkpoint_steps, spec_writer
 
 # Worker start-up and cold flow-run processes take minutes on a loaded 2-core VM.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -134,8 +134,8 @@ def test_a_killed_lifecycle_run_is_resubmitted_by_the_scheduled_recovery(served,
     from prefect.deployments import run_deployment
 
     from flows.recovery import RECOVERED
+    from tests.fixtures.processes import flow_run_pids
     from tests.fixtures.workspaces import spec_writer
-    from tests.integration.test_recovery import flow_run_pids
 
     spec = spec_writer(served)("killed", model__epochs=1)
     run = run_deployment("training-lifecycle/churn-nightly-cloud-eu", timeout=0,

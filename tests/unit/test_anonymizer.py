@@ -21,42 +21,11 @@ from hybridtrain.datasets.anonymizer import AnonymizationReport, Anonymizer
 from hybridtrain.datasets.sample_data import generate_churn
 from hybridtrain.errors import DataError, SpecError
 from hybridtrain.specs.job import ColumnType, JobSpec, load_spec, parse_spec
+from tests.fixtures.anonymizer_specs import make_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = b"unit-test-key-0123456789abcdef!!"
 OTHER_KEY = b"another-key-for-unit-tests-00000"
-
-
-def make_spec(
-    columns: dict[str, str],
-    sensitive: dict[str, dict[str, Any]],
-    *,
-    quasi_identifiers: list[str] | None = None,
-    k: int | None = None,
-    on_k_violation: str = "suppress",
-) -> JobSpec:
-    """A minimal valid spec over ``columns`` plus a label and one numeric feature."""
-    sens: dict[str, Any] = {"columns": sensitive}
-    if quasi_identifiers:
-        sens["quasi_identifiers"] = quasi_identifiers
-    if k is not None:
-        sens["k_anonymity"] = k
-        sens["on_k_violation"] = on_k_violation
-    return parse_spec(
-        {
-            "apiVersion": "hybridtrain/v1",
-            "metadata": {"name": "unit"},
-            "dataset": {"path": "data/raw/unit.csv", "md5": "0" * 32, "site": "onprem-dc1"},
-            "schema": {
-                "columns": {**columns, "feature": "float", "label": "int"},
-                "label": "label",
-                "entity_key": next(iter(columns)),
-            },
-            "sensitive": sens,
-            "model": {"features": {"numeric": ["feature"]}},
-            "registry": {"model_name": "unit"},
-        }
-    )
 
 
 def without_k(spec: JobSpec) -> JobSpec:

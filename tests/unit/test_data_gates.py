@@ -9,7 +9,7 @@ import pytest
 from hybridtrain.datasets import data_gates
 from hybridtrain.datasets.anonymizer import Anonymizer
 from hybridtrain.errors import DataError
-from tests.unit.test_anonymizer import make_spec
+from tests.fixtures.anonymizer_specs import make_spec
 
 KEY = b"k" * 32
 
