@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from hybridtrain.errors import SpecError
-from tests.federated.conftest import DATA_SITES, federated_spec
+from tests.fixtures.federated_jobs import DATA_SITES, federated_spec
 
 
 def cli(root: Path, *args: str) -> subprocess.CompletedProcess:

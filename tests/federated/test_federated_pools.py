@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from hybridtrain.drill.processes import kill_tree, stop_with_children
-from tests.federated.conftest import DATA_SITES, build_federated_workspace, federated_spec
+from tests.fixtures.federated_jobs import DATA_SITES, build_federated_workspace, federated_spec
 from tests.fixtures.processes import start_worker, wait_for_workers
 from tests.fixtures.workspaces import ROOT
 

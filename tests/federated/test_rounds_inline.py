@@ -6,7 +6,7 @@ import pytest
 
 from hybridtrain.federated.coordinator import InlineSites, NotEnoughSites, run_federation
 from hybridtrain.federated.rounds import RoundStore
-from tests.federated.conftest import federated_spec
+from tests.fixtures.federated_jobs import federated_spec
 
 KEY = b"test-pseudonym-key-0123456789abcdef"
 

@@ -31,7 +31,7 @@ from hybridtrain.federated.rounds import RoundStore
 from hybridtrain.specs.job import load_spec
 from hybridtrain.specs.secrets import SiteSecret, SiteSecrets
 from hybridtrain.workspace import Workspace
-from tests.federated.conftest import add_sites, federated_spec
+from tests.fixtures.federated_jobs import add_sites, federated_spec
 from tests.fixtures.workspaces import ROOT, make_workspace
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

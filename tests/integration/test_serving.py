@@ -29,7 +29,7 @@ from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.workspace import Workspace
 from tests.fixtures.gate_cases import MODEL
 from tests.fixtures.workspaces import make_workspace
-from tests.unit.record_models import churn_records, register_version, release_bundle
+from tests.fixtures.record_models import churn_records, register_version, release_bundle
 
 START_TIMEOUT_S = 120
 

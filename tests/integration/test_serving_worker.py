@@ -26,7 +26,7 @@ from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.workspace import Workspace
 from tests.fixtures.processes import start_worker, wait_for_workers, wait_until
 from tests.fixtures.workspaces import ROOT, make_workspace
-from tests.unit.record_models import MODEL, churn_records, register_version, release_bundle
+from tests.fixtures.record_models import MODEL, churn_records, register_version, release_bundle
 
 pytestmark = pytest.mark.slow
 DEPLOYMENT = "serve-model/onprem-serving"

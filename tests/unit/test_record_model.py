@@ -22,7 +22,7 @@ from hybridtrain.training import evaluation
 from hybridtrain.training.edge_score import EdgeError, EdgeModel
 from hybridtrain.training.featurizer import Featurizer
 from tests.fixtures.gate_cases import MODEL
-from tests.unit.record_models import churn_records, fitted, register_version
+from tests.fixtures.record_models import churn_records, fitted, register_version
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Test modules share helpers through ``tests/fixtures/`` only: no test module imports another."""
+"""Tests share helpers through ``tests/fixtures/`` only: no test module imports another, and no test directory
+imports a helper that lives in another test directory."""
 
 from __future__ import annotations
 
@@ -8,21 +9,29 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 
 
-def imported_test_modules(path: Path) -> list[str]:
-    """The ``tests.<dir>.test_*`` modules ``path`` imports (at any depth, inside functions too)."""
+def misplaced_imports(path: Path) -> list[str]:
+    """The ``tests.*`` modules ``path`` imports (at any depth, inside functions too) that are another test module,
+    or a helper in a test directory other than its own and ``tests/fixtures``."""
+    own = path.parent.name
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
             [a.name for a in node.names] if isinstance(node, ast.Import) else []
-        found += [n for n in names if n.startswith("tests.") and n.rsplit(".", 1)[-1].startswith("test_")]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] != "tests" or len(parts) < 3 or parts[1] == "fixtures":
+                continue
+            if parts[-1].startswith("test_") or parts[1] != own:
+                found.append(name)
     return found
 
 
-def test_no_test_module_imports_another(tmp_path):
-    bad = tmp_path / "test_bad.py"
-    bad.write_text("def f():\n    from tests.unit.test_other import helper\n")
-    assert imported_test_modules(bad) == ["tests.unit.test_other"]  # the check sees imports inside functions
+def test_helpers_are_shared_through_fixtures_only(tmp_path):
+    bad = tmp_path / "unit" / "test_bad.py"
+    bad.parent.mkdir()
+    bad.write_text("from tests.integration.helpers import a\n\ndef f():\n    from tests.unit.test_other import helper\n")
+    assert misplaced_imports(bad) == ["tests.integration.helpers", "tests.unit.test_other"]  # inside functions too
 
-    offenders = {str(p.relative_to(TESTS)): mods for p in sorted(TESTS.rglob("test_*.py"))
-                 if (mods := imported_test_modules(p))}
+    offenders = {str(p.relative_to(TESTS)): mods for p in sorted(TESTS.rglob("*.py"))
+                 if (mods := misplaced_imports(p))}
     assert offenders == {}, "move the shared helpers into tests/fixtures/: " + repr(offenders)
