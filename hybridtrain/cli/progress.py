@@ -1,5 +1,6 @@
 """ProgressDisplay: the lifecycle's progress events in a terminal — rich progress bars for the measured
-stages (sync, training) and one line per event, or plain lines when the output is not a terminal.
+stages (sync, training) and one line per event (a sync's byte steps move its bar only), or plain
+lines when the output is not a terminal.
 
 The same events the Prefect UI shows (``hybridtrain.reporting.progress``). While the display is
 on, the Prefect run loggers' console output is held to warnings, so a line is not printed twice;
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any, TextIO
 
-from hybridtrain.reporting.progress import LOGGER, MEASURED, event_of
+from hybridtrain.reporting.progress import LOGGER, MEASURED, event_of, human_bytes
 
 #: Loggers whose console output would repeat the progress lines (Prefect's run loggers).
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
@@ -47,13 +48,17 @@ class BarProgress(logging.Handler):
         event = event_of(record)
         if event is None:
             return
-        self.progress.console.print(f"[dim]{event.stage:>10}[/dim] {record.getMessage()}", markup=True,
-                                    highlight=False)
+        # A transfer's byte steps move its bar (whose label says how far) instead of adding lines.
+        transfer_step = event.kind == "step" and "bytes" in event.fields
+        if not transfer_step:
+            self.progress.console.print(f"[dim]{event.stage:>10}[/dim] {record.getMessage()}", markup=True,
+                                        highlight=False)
         if event.stage in MEASURED and event.fraction is not None:
             task = self.tasks.get(event.stage)
             if task is None or event.kind == "start":
                 task = self.tasks[event.stage] = self.progress.add_task(event.stage, total=100.0)
-            self.progress.update(task, completed=100.0 * event.fraction, description=event.stage)
+            label = f"{event.stage} {human_bytes(event.fields['bytes'])}" if transfer_step else event.stage
+            self.progress.update(task, completed=100.0 * event.fraction, description=label)
 
 
 def _quiet_run_loggers(held: ExitStack) -> None:

@@ -15,17 +15,20 @@ every operation (``Repo(root, config=...)``); they are never written to a file.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
+import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from filelock import FileLock, Timeout
+from fsspec.callbacks import Callback
 from pydantic import BaseModel, ConfigDict
 
 from hybridtrain.errors import DataError, Problem, SiteUnavailable, SpecError, TransientError
@@ -36,6 +39,8 @@ RemoteConfig = str | Mapping[str, str]
 #: Remote options that are credentials: accepted only through ``secrets``, never written.
 SECRET_OPTIONS = frozenset({"access_key_id", "secret_access_key", "session_token", "password", "key_secret",
                             "gdrive_client_secret", "account_key", "sas_token", "client_secret"})
+#: Told how a push is going: ``(files done, files to move, bytes done, bytes to move)``.
+PushProgress = Callable[[int, int, int, int], None]
 log = logging.getLogger(__name__)
 
 
@@ -290,14 +295,43 @@ class DvcRepo:
                 out[f"{version.path}/{entry['relpath']}"] = size(entry["md5"])
         return out
 
-    def push(self, version: DatasetVersion, remote: str) -> PushResult:
-        """Upload what ``remote`` lacks of ``version``; content addressing skips unchanged files."""
+    def push(self, version: DatasetVersion, remote: str, on_progress: PushProgress | None = None) -> PushResult:
+        """Upload what ``remote`` lacks of ``version``; content addressing skips unchanged files.
+
+        ``on_progress`` is called as objects arrive — after each file and as a large file's bytes
+        go — with ``(files done, files to move, bytes done, bytes to move)``, first with nothing
+        done and last with everything done. It runs in the caller's context (context variables
+        included), whichever of DVC's transfer threads moved the bytes, one call at a time.
+        """
         files, size = self.missing_on(version, remote)
+        counter = _PushCounter(files, size, on_progress)
+        counter.emit()
         started = time.perf_counter()
         if files:
             with self._repo() as r:
-                r.push(targets=[str(self.pointer_path(version.path))], remote=remote)
+                self._transfer(r, version, remote, counter)
+        counter.finish()
         return PushResult(files=files, bytes=size, seconds=time.perf_counter() - started)
+
+    @staticmethod
+    def _transfer(r: Any, version: DatasetVersion, remote: str, callback: Callback) -> None:
+        """DVC's object transfer from the local cache to ``remote`` (what ``dvc push`` runs for a
+        pointer), driven by our callback instead of DVC's terminal bars."""
+        from dvc.exceptions import UploadError  # lazy: heavy (dvc)
+        from dvc_data.hashfile.db import get_index  # lazy: heavy (dvc)
+        from dvc_data.hashfile.hash_info import HashInfo  # lazy: heavy (dvc)
+        from dvc_data.hashfile.transfer import transfer  # lazy: heavy (dvc)
+
+        odb = r.cloud.get_remote_odb(remote, "push")
+        cache = r.cache.local
+        oids = [version.md5]
+        if version.is_dir:  # the files first, then the manifest that names them (DVC uploads it last)
+            oids[:0] = [e["md5"] for e in json.loads(DvcRepo._cache_object(r, version.md5).read_text())]
+        with closing(get_index(odb)) as dest_index:
+            result = transfer(cache, odb, [HashInfo("md5", oid) for oid in oids], dest_index=dest_index, cache_odb=cache,
+                              validate_status=r.cloud._log_missing, callback=callback)
+        if result.failed:
+            raise UploadError(len(result.failed))
 
     def pull_pointer(self, version: DatasetVersion, remote: str) -> Path:
         """Fetch ``version`` from ``remote`` into this checkout by its pointer alone."""
@@ -315,6 +349,66 @@ class DvcRepo:
     @staticmethod
     def _cache_object(r: Any, md5: str) -> Path:
         return Path(r.cache.local.oid_to_path(md5))
+
+
+class _PushCounter(Callback):
+    """The fsspec callback DVC's transfer drives: one step per object, each object's bytes through
+    the branch it opens for it; tells ``on_progress`` in the caller's context."""
+
+    def __init__(self, files: int, size: int, on_progress: PushProgress | None):
+        super().__init__(size=files)
+        self.files_total, self.bytes_total = files, size
+        self.bytes_done = 0
+        self.on_progress = on_progress
+        self.context = contextvars.copy_context()
+        self.lock = threading.Lock()
+
+    def branched(self, path_1: Any, path_2: Any, **kwargs: Any) -> Callback:
+        return _ObjectCounter(self, path_1)
+
+    def call(self, *args: Any, **kwargs: Any) -> None:  # an object finished (or the count was set)
+        self.emit()
+
+    def add_bytes(self, n: int) -> None:
+        if n > 0:
+            with self.lock:
+                self.bytes_done += n
+            self.emit()
+
+    def emit(self) -> None:
+        if self.on_progress is None:
+            return
+        with self.lock:  # one call at a time: a context may be entered by one thread only
+            files = min(int(self.value), self.files_total)
+            self.context.run(self.on_progress, files, self.files_total, min(self.bytes_done, self.bytes_total),
+                             self.bytes_total)
+
+    def finish(self) -> None:
+        """Everything arrived (objects the remote had meanwhile are counted as done)."""
+        with self.lock:
+            self.value, self.bytes_done = self.files_total, self.bytes_total
+        self.emit()
+
+
+class _ObjectCounter(Callback):
+    """One object's bytes: partial updates as the filesystem reports them, the rest when it closes."""
+
+    def __init__(self, parent: _PushCounter, source: Any):
+        super().__init__()
+        self.parent = parent
+        self.expected = os.path.getsize(source) if isinstance(source, str) and os.path.isfile(source) else None
+        self.counted = 0
+
+    def call(self, *args: Any, **kwargs: Any) -> None:
+        cap = self.expected if self.expected is not None else self.value
+        now = min(int(self.value or 0), cap)
+        self.parent.add_bytes(now - self.counted)
+        self.counted = max(self.counted, now)
+
+    def close(self) -> None:
+        total = self.expected if self.expected is not None else int(self.size or self.value or 0)
+        self.parent.add_bytes(total - self.counted)
+        self.counted = max(self.counted, total)
 
 
 def _unreachable_errors() -> tuple[type[BaseException], ...]:

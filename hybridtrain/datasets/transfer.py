@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
 
-from hybridtrain.datasets.dvc_repo import DatasetVersion, DvcRepo
+from hybridtrain.datasets.dvc_repo import DatasetVersion, DvcRepo, PushProgress
 from hybridtrain.errors import Problem, SpecError
 from hybridtrain.specs.sites import Site
 from hybridtrain.storage.object_store import ObjectStore
@@ -74,10 +74,14 @@ class DataMover:
                                  "(anonymized and leak-scanned) may be synced")],
             )
 
-    def sync_dataset(self, version: DatasetVersion, source: Site, destination: Site) -> tuple[DatasetVersion, TransferRecord]:
-        """Push ``version`` from ``source`` to ``destination``'s store; only missing objects move."""
+    def sync_dataset(self, version: DatasetVersion, source: Site, destination: Site,
+                     on_progress: PushProgress | None = None) -> tuple[DatasetVersion, TransferRecord]:
+        """Push ``version`` from ``source`` to ``destination``'s store; only missing objects move.
+
+        ``on_progress`` follows the push: ``(files done, files to move, bytes done, bytes to move)``.
+        """
         self.check_tier(version, source.name, destination.name)
-        result = self.repo.push(version, remote=destination.dvc_remote)
+        result = self.repo.push(version, remote=destination.dvc_remote, on_progress=on_progress)
         record = TransferRecord(
             source=source.name,
             destination=destination.name,

@@ -107,6 +107,49 @@ def rate(nbytes: float, seconds: float) -> str:
     return f"{per_s:,.1f} GiB/s"  # pragma: no cover - the loop returns
 
 
+def human_bytes(nbytes: float) -> str:
+    """A byte count as people read it: ``4.2 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(nbytes) < 1024 or unit == "GiB":
+            return f"{nbytes:,.0f} {unit}" if unit == "B" else f"{nbytes:,.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:,.1f} GiB"  # pragma: no cover - the loop returns
+
+
+class TransferProgress:
+    """Reports a transfer's bytes as they move (``sync`` step events): at most one event per
+    ``step`` of the whole (5 %) or per ``every_s`` seconds, and always the last one (all files stored). Feed it
+    ``update(files done, files, bytes done, bytes)`` — the shape of ``DvcRepo.push``'s
+    ``on_progress`` — and it reports ``sync 1.2 MiB of 4.8 MiB (3/12 files) ... 1.4 MiB/s``."""
+
+    def __init__(self, stage: str, source: str, destination: str, step: float = 0.05, every_s: float = 2.0,
+                 clock: Any = time.perf_counter):
+        self.stage, self.source, self.destination = stage, source, destination
+        self.step, self.every_s, self.clock = step, every_s, clock
+        self.started = clock()
+        self.last_at = self.started
+        self.last_fraction = -1.0
+        self.finished = False
+
+    def update(self, files_done: int, files: int, bytes_done: int, total: int) -> None:
+        if not files and not total:  # nothing to move: the end line says so
+            return
+        fraction = bytes_done / total if total else files_done / files
+        now = self.clock()
+        if files_done >= files and bytes_done >= total:  # all there: reported once
+            if self.finished:
+                return
+            self.finished = True
+        elif fraction >= 1.0 or fraction <= self.last_fraction or (
+                fraction - self.last_fraction < self.step and now - self.last_at < self.every_s):
+            return  # the last file's bytes are in but it is not stored yet, nothing new, or too soon
+        self.last_fraction, self.last_at = fraction, now
+        report(self.stage, "step", f"{self.stage} {human_bytes(bytes_done)} of {human_bytes(total)} ({files_done}/{files} files), "
+                                   f"{self.source} -> {self.destination}, {rate(bytes_done, now - self.started)}",
+               done=bytes_done if total else fraction, total=total or 1.0, site=self.source,
+               destination=self.destination, bytes=bytes_done, files=files_done)
+
+
 #: A host's epoch line (``hybridtrain.remote.host_training``): ``hybridtrain: epoch 2/4 train_loss=0.5 val_auc=0.7``.
 HOST_EPOCH = re.compile(r"epoch (\d+)/(\d+)((?: [A-Za-z_]+=\S+)*)\s*$")
 #: A host's checkpoint line: ``hybridtrain: checkpoint step 40 written (31200 bytes)``.

@@ -534,9 +534,16 @@ async def _in_thread(fn: Any, *args: Any) -> Any:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: a free one, read back from the socket)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    """A listening socket (port 0: a free one, read back from the socket).
+
+    Made with ``proto=IPPROTO_TCP`` and ``TCP_NODELAY``: asyncio turns Nagle's algorithm off only
+    on connections whose socket names that protocol (an accepted socket inherits the listener's
+    ``proto`` 0 otherwise), and with Nagle on, a response written as headers then body waits for
+    the client's delayed ACK — about 40 ms on every keep-alive request.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted connections (Linux)
     sock.bind((host, port))
     sock.listen(128)
     sock.set_inheritable(True)

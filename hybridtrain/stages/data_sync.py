@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.datasets.transfer import DataMover
 from hybridtrain.errors import Problem, SpecError
+from hybridtrain.placement.policy import Policy, capacity_options
+from hybridtrain.placement.request import request_from_spec
 from hybridtrain.reporting import progress
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.specs.sites import SitesCatalog
-from hybridtrain.workspace import Workspace
-
-if TYPE_CHECKING:
-    pass
-
-from hybridtrain.placement.policy import Policy, capacity_options
-from hybridtrain.placement.request import request_from_spec
 from hybridtrain.stages.results import SyncResult
 from hybridtrain.stages.site_access import audit, workspace_repo
+from hybridtrain.workspace import Workspace
 
 
 def check_destination(ws: Workspace, spec: JobSpec, approved: DatasetVersion, destination: str,
@@ -55,7 +50,9 @@ def sync(ws: Workspace, approved: DatasetVersion, destination: str, spec: JobSpe
                     f"({approved.size:,} bytes) {approved.site} -> {destination}", done=0, total=approved.size or 1,
                     site=approved.site, destination=destination)
     repo = workspace_repo(ws, sites, approved.site)
-    moved, record = DataMover(repo).sync_dataset(approved, sites.get(approved.site), sites.get(destination))
+    moving = progress.TransferProgress("sync", approved.site, destination)
+    moved, record = DataMover(repo).sync_dataset(approved, sites.get(approved.site), sites.get(destination),
+                                                 on_progress=moving.update)
     audit(ws).append(actor=ws.actor, action="sync", subject=f"dataset {approved.path}@{approved.md5}",
                      inputs=record.as_row(), outcome=f"{record.bytes} bytes to {destination}")
     seconds = time.perf_counter() - started

@@ -41,3 +41,65 @@ def test_progress_events_reach_the_run_log_and_the_progress_artifact(prefect_ser
     mine = [a for a in artifacts if str(a.flow_run_id) == run_id]
     assert [a.type for a in mine] == ["progress"]
     assert mine[0].data == pytest.approx(100.0)
+
+
+def test_sync_progress_reaches_the_run_log_and_ends_its_artifact_at_100(prefect_server, workspace):
+    import logging
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, LogFilter, LogFilterFlowRunId
+
+    from hybridtrain import stages
+    from hybridtrain.reporting import progress
+    from hybridtrain.stages.site_access import workspace_repo
+    from hybridtrain.workspace import Workspace
+    from orchestration.progress import bind_progress
+
+    ws = Workspace.resolve(workspace)
+    parts = workspace / "data" / "approved" / "probe"
+    parts.mkdir(parents=True)
+    for i in range(6):
+        (parts / f"part-{i}.bin").write_bytes(bytes([i]) * 20_000)
+    approved = workspace_repo(ws, ws.load_sites(), "onprem-dc1").add("data/approved/probe", "approved", "onprem-dc1")
+    steps: list[progress.ProgressEvent] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            event = progress.event_of(record)
+            if event is not None and event.stage == "sync" and event.kind == "step":
+                steps.append(event)
+
+    @flow(name="sync-progress-probe")
+    def probe() -> str:
+        from prefect import runtime
+
+        bind_progress()
+        stages.sync(ws, approved, "cloud-eu")
+        return str(runtime.flow_run.id)
+
+    collect = Collect()
+    logging.getLogger(progress.LOGGER).addHandler(collect)
+    try:
+        run_id = probe()
+    finally:
+        logging.getLogger(progress.LOGGER).removeHandler(collect)
+    deadline = time.monotonic() + 30
+    with get_client(sync_client=True) as client:
+        while True:  # the run logger sends its lines in the background, in batches
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+            if any(log.message.startswith("sync finished") for log in logs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["sync-progress"])))
+    moved = [e.fields["bytes"] for e in steps]
+    total = steps[-1].total
+    assert len(moved) >= 4 and moved == sorted(set(moved)), moved  # byte counts as objects arrive, not just the end
+    assert moved[0] == 0 and moved[-1] == total and total > 120_000  # six parts and the manifest
+    assert steps[-1].fields["files"] == 7
+    messages = [log.message for log in logs]
+    assert [m for m in messages if m.startswith("sync ") and "files)" in m] == [e.message for e in steps]
+    assert any(m.startswith(f"sync finished: {total:,.0f} bytes in 7 files") for m in messages), messages
+    mine = [a for a in artifacts if str(a.flow_run_id) == run_id]
+    assert [a.type for a in mine] == ["progress"]
+    assert mine[0].data == pytest.approx(100.0)

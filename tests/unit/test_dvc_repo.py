@@ -58,6 +58,18 @@ def test_push_counts_bytes_and_moves_only_changed_files(repo):
     assert 10_000 <= second.bytes < 11_000
 
 
+def test_push_reports_files_and_bytes_as_they_arrive(repo):
+    write_parts(repo.root / "data" / "approved" / "job", n=6)
+    v = repo.add("data/approved/job", "approved", "onprem-dc1")
+    seen: list[tuple[int, int, int, int]] = []
+    result = repo.push(v, "cloud-eu", on_progress=lambda *a: seen.append(a))
+    assert seen[0] == (0, 7, 0, result.bytes)  # six parts and the manifest, nothing moved yet
+    assert seen[-1] == (7, 7, result.bytes, result.bytes)
+    moved = [b for _, _, b, _ in seen]
+    assert moved == sorted(moved) and len(set(moved)) >= 7  # at least a step per object
+    assert repo.missing_on(v, "cloud-eu") == (0, 0)  # and it really is there
+
+
 def test_pull_by_pointer_into_a_site_copy(repo, tmp_path):
     write_parts(repo.root / "data" / "approved" / "job")
     v = repo.add("data/approved/job", "approved", "onprem-dc1")

@@ -126,3 +126,38 @@ def test_the_cli_shows_bars_on_a_terminal():
 def test_rates_read_like_people_write_them():
     assert progress.rate(3 * 1024 * 1024, 2.0) == "1.5 MiB/s"
     assert progress.rate(100, 0.0) == "0.0 B/s"
+
+
+def test_a_transfer_reports_its_bytes_in_steps_ending_at_the_total(events):
+    ticks = iter([0.0, *[0.1 * i for i in range(1, 20)]])
+    moving = progress.TransferProgress("sync", "onprem-dc1", "cloud-eu", clock=lambda: next(ticks))
+    moving.update(0, 4, 0, 4000)
+    moving.update(0, 4, 10, 4000)  # 0.25 % more: not worth a line
+    for i in range(1, 5):
+        moving.update(i, 4, 1000 * i, 4000)
+    moving.update(4, 4, 4000, 4000)  # the same again: no repeat
+    steps = [e for e in events if e.kind == "step"]
+    assert [e.fields["bytes"] for e in steps] == [0, 1000, 2000, 3000, 4000]
+    assert steps[-1].fraction == 1.0
+    assert steps[1].message.startswith("sync 1,000 B of 3.9 KiB (1/4 files), onprem-dc1 -> cloud-eu, ")
+
+
+def test_a_transfer_with_nothing_to_move_reports_no_steps(events):
+    moving = progress.TransferProgress("sync", "onprem-dc1", "cloud-eu")
+    moving.update(0, 0, 0, 0)
+    assert events == []
+
+
+def test_the_cli_moves_the_sync_bar_without_a_line_per_step():
+    from rich.console import Console
+
+    from hybridtrain.cli.progress import shown
+
+    screen = io.StringIO()
+    with shown(Console(file=screen, force_terminal=True, width=100)):
+        progress.report("sync", "start", "sync started: a -> b", done=0, total=4000)
+        moving = progress.TransferProgress("sync", "a", "b")
+        moving.update(4, 4, 4000, 4000)
+    text = screen.getvalue()
+    assert "sync started: a -> b" in text and "100%" in text and "3.9 KiB" in text
+    assert "4,000 B of" not in text  # the step is on the bar, not a line

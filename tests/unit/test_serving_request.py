@@ -66,3 +66,32 @@ def test_other_request_forms_are_left_to_mlflows_parser(reader):
 def test_a_schema_type_without_a_record_check_is_refused_when_the_version_loads():
     with pytest.raises(ValueError, match="binary"):
         RecordReader(Schema([ColSpec("binary", "blob")]))
+
+
+def test_served_connections_send_at_once_without_waiting_for_an_ack():
+    """Nagle's algorithm off on every accepted connection, as asyncio sets it for TCP sockets: with it on,
+    a response written as headers then body waited ~40 ms for the client's delayed ACK."""
+    import asyncio
+    import socket
+
+    from hybridtrain.serving.server import bind
+
+    listener = bind("127.0.0.1", 0)
+    seen: list[int] = []
+
+    async def main() -> None:
+        async def handle(reader, writer):
+            seen.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(handle, sock=listener)
+        async with server:
+            _, writer = await asyncio.open_connection(*listener.getsockname()[:2])
+            for _ in range(100):
+                if seen:
+                    break
+                await asyncio.sleep(0.05)
+            writer.close()
+
+    asyncio.run(main())
+    assert seen and seen[0] != 0
