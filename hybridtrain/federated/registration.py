@@ -4,8 +4,8 @@ Per round the run logs the incoming global model's metrics on the participants' 
 (``global_val_*``, step = the round that produced that model) and every site's own
 (``site.<site>.<metric>``, step = round), plus ``participants``. The registered version goes
 through ``stages.promote`` like a centralized one — the same gates, bundle, ledger and release —
-and additionally carries every site's dataset DVC hashes, the rounds, each round's participants
-and drop-outs, and the DP parameters and epsilon (tags ``hybridtrain.federated.*``). The ledger
+and additionally carries every site's dataset DVC hashes, the rounds, each round's participants,
+drop-outs and the SSH host each SSH site trained it on (``site_hosts``), and the DP parameters and epsilon (tags ``hybridtrain.federated.*``). The ledger
 charges each site's compute (one attempt per site and round; a dropped site's round as wasted)
 and every update, global-model and statistics crossing.
 """
@@ -43,6 +43,7 @@ def version_tags(spec: JobSpec, outcome: FederationOutcome, aggregation_site: st
             "sites": ",".join(sorted(outcome.state.prepared)),
             "participants": json.dumps({r.round: r.participants for r in outcome.state.rounds}),
             "dropped": json.dumps({r.round: r.dropped for r in outcome.state.rounds if r.dropped})[:4000],
+            "site_hosts": json.dumps({r.round: r.site_hosts for r in outcome.state.rounds if r.site_hosts})[:4000],
             "update_bytes": str(sum(t.bytes for t in outcome.transfers))}
     if fed.aggregator == "fedprox":
         tags["mu"] = f"{fed.mu:g}"
