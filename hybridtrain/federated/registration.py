@@ -79,7 +79,10 @@ def register_and_promote(ws: Workspace, spec: JobSpec, run_id: str, run_key: str
         for site in r.dropped:  # the capacity was held for the round, and nothing came of it
             attempts.append(AttemptRecord(site=site, capacity_class=sites.get(site).capacity_class,
                                           gpus=spec.resources.gpus, seconds=r.seconds, outcome="failed"))
-    history = [{"round": float(r.round), "participants": float(len(r.participants)),
+    # One history entry per round, shaped like a centralized run's epochs (the learning curves plot ``epoch`` and
+    # ``val_<metric>``): round r's entry holds the global model that went into round r, on its participants' val.
+    history = [{"epoch": float(r.round - 1), "round": float(r.round), "participants": float(len(r.participants)),
+                **{k: v for k, v in r.global_metrics.items() if k != "n"},
                 **{f"global_{k}": v for k, v in r.global_metrics.items()}} for r in state.rounds]
     trained = stages.TrainOutput(
         site=aggregation_site, model_uri=ref.model_uri, model_id=ref.model_id, run_key=run_key, history=history,
