@@ -53,7 +53,8 @@ POLL_MAX_S = 5.0
 #: How often the sites' pools' worker heartbeats are read (once for all sites' waits).
 LIVENESS_REFRESH_S = 5.0
 CANCEL_TRIES_S = 60.0
-log = logging.getLogger(__name__)
+#: Under ``hybridtrain`` so that its lines reach the run's log in Prefect (``PREFECT_LOGGING_EXTRA_LOGGERS``).
+log = logging.getLogger("hybridtrain.federated.pools")
 
 
 def _retrying(deadline: float, call: Callable[[], T]) -> T:
@@ -65,6 +66,8 @@ def _retrying(deadline: float, call: Callable[[], T]) -> T:
         except Exception as exc:
             if not transient_api_error(exc) or time.monotonic() + delay >= deadline:
                 raise
+            log.warning("the Prefect API did not answer (%s: %s); asking again in %.0f s", type(exc).__name__,
+                        str(exc)[:200], delay)
         time.sleep(delay)
         delay = min(delay * 2, 30.0)
 
