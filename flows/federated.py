@@ -15,7 +15,11 @@ round — and the site is asked again next round. Why not Flower: see README ("F
 
 from __future__ import annotations
 
+import logging
+import math
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -39,11 +43,33 @@ from hybridtrain.specs.job import JobSpec
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.workspace import Workspace
 from orchestration.context import run_workspace
-from orchestration.dispatch import Mode, deployment_name, has_deployment, workers_alive
+from orchestration.dispatch import Mode, deployment_name, has_deployment, heartbeat_lags, transient_api_error
 from tasks.federated import evaluate_site, prepare_site, train_round
 
 R = TypeVar("R", bound=BaseModel)
+T = TypeVar("T")
 POLL_S = 1.0
+POLL_MAX_S = 5.0
+#: How often the sites' pools' worker heartbeats are read (once for all sites' waits).
+LIVENESS_REFRESH_S = 5.0
+CANCEL_TRIES_S = 60.0
+#: Under ``hybridtrain`` so that its lines reach the run's log in Prefect (``PREFECT_LOGGING_EXTRA_LOGGERS``).
+log = logging.getLogger("hybridtrain.federated.pools")
+
+
+def _retrying(deadline: float, call: Callable[[], T]) -> T:
+    """``call()``, again after a transient Prefect API error (with a growing pause) until ``deadline``."""
+    delay = POLL_S
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if not transient_api_error(exc) or time.monotonic() + delay >= deadline:
+                raise
+            log.warning("the Prefect API did not answer (%s: %s); asking again in %.0f s", type(exc).__name__,
+                        str(exc)[:200], delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 30.0)
 
 
 @flow(name="federated-prepare", flow_run_name="fed-prepare-{site}", log_prints=True)
@@ -78,11 +104,50 @@ def federated_evaluate(spec: JobSpec, site: str, run_id: str, run_key: str, rnd:
     return out
 
 
+class PoolWatch:
+    """Whether a site's pool has lost its workers, for all the sites' waits together (read at most every ``refresh_s``).
+
+    A pool is down when its freshest worker heartbeat is more than ``MISSED_HEARTBEATS`` intervals
+    older than the freshest heartbeat of the other pools watched: on a busy machine or API server
+    heartbeats arrive late for everyone (45-75 s were seen on a loaded 2-core VM, with SQLite
+    locked), which says nothing about one site; one pool falling behind the others does. With no
+    other pool that has a worker to compare with, its heartbeats are judged against the clock.
+    """
+
+    def __init__(self, pools: list[str], refresh_s: float = LIVENESS_REFRESH_S):
+        self.pools, self.refresh_s = sorted(set(pools)), refresh_s
+        self._lock = threading.Lock()
+        self._read_at = -math.inf
+        self._down: set[str] = set()
+
+    def down(self, pool: str) -> bool:
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.refresh_s:
+                try:
+                    self._down = self._judge(heartbeat_lags(self.pools))
+                except Exception as exc:  # the API is busy: no news is not bad news about a site
+                    if not transient_api_error(exc):
+                        raise
+                self._read_at = time.monotonic()
+            return pool in self._down
+
+    @staticmethod
+    def _judge(lags: dict[str, tuple[float, float] | None]) -> set[str]:
+        down = set()
+        for pool, lag in lags.items():
+            others = [other[0] for p, other in lags.items() if p != pool and other is not None]
+            if lag is None or lag[0] - min(others, default=0.0) >= lag[1]:
+                down.add(pool)
+        return down
+
+
 class PoolSites:
     """The coordinator's dispatcher: each site's step in its own pool, all sites at once, each within the timeout.
 
     ``inline`` runs the steps here, one after another; ``auto`` uses a site's pool when the step's
-    deployment for it exists (``make deploy``), else runs that site's step here.
+    deployment for it exists (``make deploy``), else runs that site's step here. Prefect API calls
+    that fail for a while (a busy server answers 503; the client has retried already) are tried
+    again until the step's ``round_timeout_s``: a long federated run does not die of one.
     """
 
     def __init__(self, ws: Workspace, spec: JobSpec, run_id: str, run_key: str, aggregation_site: str, mode: Mode,
@@ -91,47 +156,71 @@ class PoolSites:
         self.mode, self.attempt = mode, attempt
         self.timeout_s = spec.training.federated.round_timeout_s
         self.lost_s = spec.training.federated.site_lost_s
+        sites = ws.load_sites()
+        self.watch = PoolWatch([sites.get(d.site).work_pool for d in spec.site_datasets()])
 
     def _one(self, step: Flow, result: type[R], site: str, tag: str, params: dict[str, Any]) -> R | str:
         params = {"spec": self.spec, "site": site, "run_id": self.run_id, "run_key": self.run_key,
                   "aggregation_site": self.agg, "tag": tag, **params}
         pool = self.ws.load_sites().get(site).work_pool
         name = deployment_name(step, pool)
+        deadline = time.monotonic() + self.timeout_s
         try:
             if self.mode == "inline" or (self.mode == "auto" and not has_deployment(name)):
                 return step.fn(**params, workspace=str(self.ws.root))
             payload = {k: v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v
                        for k, v in params.items()}
-            run = run_deployment(name, parameters=payload, timeout=0, idempotency_key=f"{self.attempt}:{tag}",
-                                 as_subflow=False)
+            run = _retrying(deadline, lambda: run_deployment(
+                name, parameters=payload, timeout=0, idempotency_key=f"{self.attempt}:{tag}", as_subflow=False))
         except HybridtrainError as exc:
             return f"{type(exc).__name__}: {exc}"
-        run, lost = self._wait(run, pool)
+        except Exception as exc:
+            if not transient_api_error(exc):
+                raise
+            return f"the Prefect API did not take the step within {self.timeout_s:.0f} s: {exc}"
+        run, lost = self._wait(run, pool, deadline)
         state = run.state
         if lost is not None:
-            with get_client(sync_client=True) as client:  # a worker that comes back must not run a stale step
-                client.set_flow_run_state(run.id, Cancelled(message="dropped from the federated round"), force=True)
+            self._cancel(run)
             return lost
         if not state.is_completed():
             return f"flow run {run.id} ended {state.name}: {state.message or ''}".strip()
         return stages.load_result(self.ws, self.run_id, tag, result)
 
-    def _wait(self, run: FlowRun, pool: str) -> tuple[FlowRun, str | None]:
-        """Poll ``run`` until it ends; or why the site is dropped: no report within ``round_timeout_s``, or
-        no live worker in its pool for ``site_lost_s`` (the site went down with its step)."""
-        started = time.monotonic()
+    def _cancel(self, run: FlowRun) -> None:
+        """Cancel a dropped step's run, so a worker that comes back does not run a stale step."""
+        def cancel() -> None:
+            with get_client(sync_client=True) as client:
+                client.set_flow_run_state(run.id, Cancelled(message="dropped from the federated round"), force=True)
+        try:
+            _retrying(time.monotonic() + CANCEL_TRIES_S, cancel)
+        except Exception as exc:
+            if not transient_api_error(exc):
+                raise
+            log.warning("could not cancel dropped flow run %s (%s); a worker that comes back may still run it",
+                        run.id, exc)
+
+    def _wait(self, run: FlowRun, pool: str, deadline: float) -> tuple[FlowRun, str | None]:
+        """Poll ``run`` until it ends; or why the site is dropped: no report by ``deadline`` (``round_timeout_s``),
+        or its pool down (``PoolWatch``) for ``site_lost_s`` (the site went down with its step). The poll
+        interval grows from ``POLL_S`` to ``POLL_MAX_S``: a step takes minutes, the API server is shared."""
         lost_since: float | None = None
+        delay = POLL_S
         with get_client(sync_client=True) as client:
             while True:
-                run = client.read_flow_run(run.id)
+                try:
+                    run = client.read_flow_run(run.id)
+                except Exception as exc:  # busy: ask again
+                    if not transient_api_error(exc):
+                        raise
                 state = run.state.name if run.state else "unknown"
                 if run.state is not None and run.state.is_final():
                     return run, None
                 now = time.monotonic()
-                if now - started >= self.timeout_s:
+                if now >= deadline:
                     return run, (f"no report within {self.timeout_s:.0f} s (flow run {run.id} was {state}; "
                                  f"is a worker of pool {pool!r} alive?)")
-                if workers_alive(pool):
+                if not self.watch.down(pool):
                     lost_since = None
                 elif lost_since is None:
                     lost_since = now
@@ -139,7 +228,8 @@ class PoolSites:
                     return run, (f"no live worker in pool {pool!r} for {self.lost_s:.0f} s while its step was "
                                  f"{state} (flow run {run.id}): the site is down; start a worker with "
                                  f"`prefect worker start --pool {pool}`")
-                time.sleep(POLL_S)  # polling the API, as run_deployment itself does
+                time.sleep(delay)  # polling the API, as run_deployment itself does
+                delay = min(delay * 1.5, POLL_MAX_S)
 
     def _each(self, step: Flow, result: type[R], sites: list[str], tag: str,
               params: dict[str, dict[str, Any]]) -> dict[str, R | str]:
@@ -189,10 +279,10 @@ class FederatedSummary(BaseModel):
             lines.append(f"| {r['round']} | {', '.join(r['participants'])} | "
                          f"{'; '.join(f'{s}: {w}' for s, w in r['dropped'].items())[:200]} | "
                          f"{r['global_metrics'].get('val_auc', float('nan')):.4f} |")
-        lines += ["", f"Test metrics (row-weighted over the sites): "
+        lines += ["", "Test metrics (row-weighted over the sites): "
                       + ", ".join(f"{k} {v:.4f}" for k, v in self.metrics.items() if k != "n"),
-                  f"Model {self.model_name} v{self.model_version}: {'promoted' if self.promoted else 'not promoted'}; "
-                  f"cost ${self.cost_usd:.4f}; {self.bytes_crossed:,} bytes crossed site boundaries (model bytes only)"]
+                  (f"Model {self.model_name} v{self.model_version}: {'promoted' if self.promoted else 'not promoted'}; "
+                   f"cost ${self.cost_usd:.4f}; {self.bytes_crossed:,} bytes crossed site boundaries (model bytes only)")]
         lines += [f"- gate {k}: {v}" for k, v in self.gates.items()]
         return "\n".join(lines)
 

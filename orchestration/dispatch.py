@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 from uuid import UUID
 
+import httpx
 from prefect import Flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
@@ -57,6 +58,28 @@ def workers_alive(pool: str) -> int:
     return sum(1 for w in workers if w.last_heartbeat_time is not None
                and (now - w.last_heartbeat_time).total_seconds()
                < MISSED_HEARTBEATS * (w.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_S))
+
+
+def heartbeat_lags(pools: list[str]) -> dict[str, tuple[float, float] | None]:
+    """Per pool, now: seconds since its freshest worker heartbeat and how long a gap its worker is allowed
+    (``MISSED_HEARTBEATS`` of its intervals); None for a pool that has no worker at all."""
+    now = datetime.now(UTC)
+    out: dict[str, tuple[float, float] | None] = {}
+    with get_client(sync_client=True) as client:
+        for pool in pools:
+            beats = [((now - w.last_heartbeat_time).total_seconds(),
+                      MISSED_HEARTBEATS * (w.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_S))
+                     for w in client.read_workers_for_work_pool(pool) if w.last_heartbeat_time is not None]
+            out[pool] = min(beats) if beats else None
+    return out
+
+
+def transient_api_error(exc: BaseException) -> bool:
+    """A Prefect API call that failed for now (server busy — 5xx, e.g. SQLite locked —, unreachable, timed out),
+    after the client's own retries: worth trying again later, not a reason to give up a long run."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code >= 500 or exc.response.status_code == 429
+    return isinstance(exc, httpx.TransportError)
 
 
 def has_deployment(name: str) -> bool:

@@ -4,8 +4,8 @@ Per round the run logs the incoming global model's metrics on the participants' 
 (``global_val_*``, step = the round that produced that model) and every site's own
 (``site.<site>.<metric>``, step = round), plus ``participants``. The registered version goes
 through ``stages.promote`` like a centralized one — the same gates, bundle, ledger and release —
-and additionally carries every site's dataset DVC hashes, the rounds, each round's participants
-and drop-outs, and the DP parameters and epsilon (tags ``hybridtrain.federated.*``). The ledger
+and additionally carries every site's dataset DVC hashes, the rounds, each round's participants,
+drop-outs and the SSH host each SSH site trained it on (``site_hosts``), and the DP parameters and epsilon (tags ``hybridtrain.federated.*``). The ledger
 charges each site's compute (one attempt per site and round; a dropped site's round as wasted)
 and every update, global-model and statistics crossing.
 """
@@ -43,6 +43,7 @@ def version_tags(spec: JobSpec, outcome: FederationOutcome, aggregation_site: st
             "sites": ",".join(sorted(outcome.state.prepared)),
             "participants": json.dumps({r.round: r.participants for r in outcome.state.rounds}),
             "dropped": json.dumps({r.round: r.dropped for r in outcome.state.rounds if r.dropped})[:4000],
+            "site_hosts": json.dumps({r.round: r.site_hosts for r in outcome.state.rounds if r.site_hosts})[:4000],
             "update_bytes": str(sum(t.bytes for t in outcome.transfers))}
     if fed.aggregator == "fedprox":
         tags["mu"] = f"{fed.mu:g}"
@@ -78,7 +79,10 @@ def register_and_promote(ws: Workspace, spec: JobSpec, run_id: str, run_key: str
         for site in r.dropped:  # the capacity was held for the round, and nothing came of it
             attempts.append(AttemptRecord(site=site, capacity_class=sites.get(site).capacity_class,
                                           gpus=spec.resources.gpus, seconds=r.seconds, outcome="failed"))
-    history = [{"round": float(r.round), "participants": float(len(r.participants)),
+    # One history entry per round, shaped like a centralized run's epochs (the learning curves plot ``epoch`` and
+    # ``val_<metric>``): round r's entry holds the global model that went into round r, on its participants' val.
+    history = [{"epoch": float(r.round - 1), "round": float(r.round), "participants": float(len(r.participants)),
+                **{k: v for k, v in r.global_metrics.items() if k != "n"},
                 **{f"global_{k}": v for k, v in r.global_metrics.items()}} for r in state.rounds]
     trained = stages.TrainOutput(
         site=aggregation_site, model_uri=ref.model_uri, model_id=ref.model_id, run_key=run_key, history=history,

@@ -50,8 +50,9 @@ class FederatedSpec(_Strict):
         "from that round (it rejoins the next).")
     site_lost_s: float = Field(
         120.0, gt=0, description="A site whose work pool has had no live worker (none with a heartbeat in its "
-        "last 3 intervals) this long while its step is unfinished is dropped at once, without waiting for "
-        "round_timeout_s: its worker, and the step's process with it, are gone.")
+        "last 3 intervals, counted from the freshest heartbeat of the other sites' pools, so that heartbeats "
+        "late everywhere on a busy server drop no one) this long while its step is unfinished is dropped at "
+        "once, without waiting for round_timeout_s: its worker, and the step's process with it, are gone.")
     dp: DifferentialPrivacySpec | None = Field(None, description="Differential privacy at the sites (optional).")
 
 

@@ -26,6 +26,7 @@ from hybridtrain.drill.loopback import free_port
 from hybridtrain.errors import SiteUnavailable, SpecError
 from hybridtrain.federated import site as steps
 from hybridtrain.federated.coordinator import InlineSites, run_federation
+from hybridtrain.federated.registration import version_tags
 from hybridtrain.federated.remote_round import round_job_id
 from hybridtrain.federated.rounds import RoundStore
 from hybridtrain.specs.job import load_spec
@@ -85,6 +86,11 @@ def test_the_ssh_site_trains_its_rounds_on_its_host(runs, sshd):
     label = f"{sshd.host.username}@[127.0.0.1]:{sshd.host.port}"
     assert [r.participants for r in outcome.state.rounds] == [SITES, SITES]
     assert [r.site_hosts for r in outcome.state.rounds] == [{SSH_SITE: label}] * 2
+    # The registered version's lineage names the host beside each round's participants; in-process sites none.
+    tags = version_tags(spec, outcome, AGG)
+    assert json.loads(tags["hybridtrain.federated.site_hosts"]) == {"1": {SSH_SITE: label}, "2": {SSH_SITE: label}}
+    assert json.loads(tags["hybridtrain.federated.participants"]) == {"1": SITES, "2": SITES}
+    assert json.loads(version_tags(spec, runs["inline"], AGG)["hybridtrain.federated.site_hosts"]) == {}
     rs = RoundStore(stages.checkpoint_store(ws, ws.load_sites().get(AGG)), spec.name, "ssh")
     for rnd in (1, 2):
         job = Path(sshd.host.workdir) / "jobs" / round_job_id(spec.name, "ssh", rnd, SSH_SITE)

@@ -1,0 +1,55 @@
+"""PoolSites' fault rules without a server: which site pools count as down, and API calls tried again while busy."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from flows.federated import PoolWatch, _retrying
+
+ALLOWED = 15.0  # three 5-s heartbeat intervals
+
+
+def test_a_pool_whose_heartbeats_fall_behind_the_others_is_down():
+    lags = {"dc1": (2.0, ALLOWED), "dc2": (4.0, ALLOWED), "dc3": (40.0, ALLOWED)}
+    assert PoolWatch._judge(lags) == {"dc3"}
+
+
+def test_heartbeats_late_everywhere_drop_no_one():
+    # A busy server records every worker's heartbeat 60-75 s late: no pool is behind the others.
+    lags = {"dc1": (60.0, ALLOWED), "dc2": (70.0, ALLOWED), "dc3": (74.0, ALLOWED)}
+    assert PoolWatch._judge(lags) == set()
+    # ... and one that stopped beating still stands out against them.
+    assert PoolWatch._judge({**lags, "dc3": (60.0 + ALLOWED, ALLOWED)}) == {"dc3"}
+
+
+def test_a_pool_without_workers_is_down_and_a_lone_pool_is_judged_by_the_clock():
+    assert PoolWatch._judge({"dc1": (1.0, ALLOWED), "dc2": None}) == {"dc2"}
+    assert PoolWatch._judge({"dc1": (ALLOWED + 1, ALLOWED)}) == {"dc1"}
+    assert PoolWatch._judge({"dc1": (ALLOWED - 1, ALLOWED)}) == set()
+
+
+def busy(status: int = 503) -> httpx.HTTPStatusError:
+    request = httpx.Request("POST", "http://127.0.0.1/api/deployments/x/create_flow_run")
+    return httpx.HTTPStatusError("busy", request=request, response=httpx.Response(status, request=request))
+
+
+def test_a_busy_api_is_asked_again_until_it_answers(monkeypatch):
+    monkeypatch.setattr("flows.federated.time.sleep", lambda s: None)
+    answers = iter([busy(), httpx.ConnectError("refused"), "run"])
+
+    def call():
+        a = next(answers)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    assert _retrying(float("inf"), call) == "run"
+
+
+def test_errors_that_are_not_transient_or_past_the_deadline_are_raised(monkeypatch):
+    monkeypatch.setattr("flows.federated.time.sleep", lambda s: None)
+    with pytest.raises(httpx.HTTPStatusError):
+        _retrying(float("inf"), lambda: (_ for _ in ()).throw(busy(404)))
+    with pytest.raises(httpx.HTTPStatusError):
+        _retrying(0.0, lambda: (_ for _ in ()).throw(busy(503)))
