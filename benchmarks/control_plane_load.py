@@ -158,12 +158,24 @@ def read_runs(ids: list[str]) -> dict[str, object]:
 
 
 def scheduled_lags(since: datetime) -> list[float]:
-    """Scheduled time -> start, seconds, of the auto-scheduled runs (control flows) that started since ``since``."""
+    """Scheduled time -> RUNNING, seconds, of the scheduler-created runs in the control pool since ``since``.
+
+    The control flows (burst controller, recovery) have a pool of their own with no run limit, so their
+    lag is the control plane's own (scheduler, worker poll, process start), never a wait for site capacity.
+    """
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterStartTime,
+        WorkPoolFilter,
+        WorkPoolFilterName,
+    )
+
+    from hybridtrain.service.stack import CONTROL_POOL
 
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)),
+                                     work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[CONTROL_POOL])),
                                      limit=200)
     return [(r.start_time - r.expected_start_time).total_seconds() for r in runs
             if r.auto_scheduled and r.start_time and r.expected_start_time]
