@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -119,18 +120,25 @@ class ApiProbe:
             self._thread.join(timeout=60)
 
 
-def queue_runs(n: int, stamp: str) -> list[str]:
+def queue_runs(n: int, stamp: str, clients: int = 8) -> list[str]:
+    """Create the ``n`` runs from ``clients`` concurrent API clients (as many users submitting at once)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from prefect.client.orchestration import get_client
 
-    ids = []
     with get_client(sync_client=True) as client:
-        dep = client.read_deployment_by_name(DEPLOYMENT)
-        for i in range(n):
-            fr = client.create_flow_run_from_deployment(
-                dep.id, parameters={"spec_path": f"jobs/load-{i:03d}.yaml", "dispatch": "inline"},
-                idempotency_key=f"load-{stamp}-{i}", tags=["load-benchmark"])
-            ids.append(str(fr.id))
-    return ids
+        dep_id = client.read_deployment_by_name(DEPLOYMENT).id
+
+    def submit(part: range) -> list[str]:
+        with get_client(sync_client=True) as client:
+            return [str(client.create_flow_run_from_deployment(
+                dep_id, parameters={"spec_path": f"jobs/load-{i:03d}.yaml", "dispatch": "inline"},
+                idempotency_key=f"load-{stamp}-{i}", tags=["load-benchmark"]).id) for i in part]
+
+    with ThreadPoolExecutor(clients) as pool:
+        parts = pool.map(submit, [range(k, n, clients) for k in range(clients)])
+        by_index = {i: fr for k, part in enumerate(parts) for i, fr in zip(range(k, n, clients), part)}
+    return [by_index[i] for i in range(n)]
 
 
 def pause_pools(pools: tuple[str, ...], paused: bool) -> None:
@@ -239,6 +247,7 @@ def main() -> int:
     print(f"stack up at {stack.prefect_api} in {time.monotonic() - t0:.0f} s; workspace {root}", flush=True)
     os.environ.update({"PREFECT_API_URL": stack.prefect_api, "HYBRIDTRAIN_HOME": str(root)})
 
+    load_at_start = [round(x, 1) for x in os.getloadavg()]
     probe = ApiProbe(stack.prefect_api)
     idle = list(probe.run_for(15.0))
     probe.samples.clear()
@@ -256,20 +265,24 @@ def main() -> int:
         print("stack restarted (down, up) with every run still queued; pools resumed", flush=True)
     probe.start()
     deadline = time.monotonic() + args.timeout
+    stopped = threading.Event()  # SIGINT/SIGTERM: stop waiting, report what was reached, stop the stack
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
     runs: dict = {}
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stopped.is_set():
         runs = read_runs(ids)
         states = Counter(r.state_type.value for r in runs.values())
         if len(runs) == len(ids) and all(s in TERMINAL for s in states):
             break
-        print(f"  {time.monotonic() - t_queue:6.0f} s  {dict(states)}", flush=True)
-        time.sleep(10)
+        print(f"  {time.monotonic() - t_queue:6.0f} s  {dict(states)}  load {os.getloadavg()[0]:.1f}", flush=True)
+        stopped.wait(10)
     elapsed = time.monotonic() - t_queue
     probe.stop()
     runs = read_runs(ids)
     states = Counter(r.state_type.value for r in runs.values())
     lost = [i for i in ids if i not in runs or runs[i].state_type.value not in TERMINAL]
     stuck = [i for i in ids if i in runs and runs[i].state_type.value == "RUNNING"]
+    never_started = [i for i in lost if i in runs and runs[i].start_time is None]
     done = trainings(root, began)
     dupes = {job: n for job, n in done.items() if n > 1}
     aliases = alias_problems(stack.mlflow_url)
@@ -290,12 +303,20 @@ def main() -> int:
         "schedule_lag_p50_s": round(pct(lags, 50), 2), "schedule_lag_p99_s": round(pct(lags, 99), 2),
         "scheduled_runs": len(lags),
         "queue_wait_p50_s": round(pct(waits, 50), 1), "queue_wait_p99_s": round(pct(waits, 99), 1),
-        "restart": args.restart,
+        "restart": args.restart, "stopped_early": stopped.is_set() or time.monotonic() >= deadline,
+        "never_started": len(never_started), "cpus": os.cpu_count(), "load_at_start": load_at_start,
+        "load_at_end": [round(x, 1) for x in os.getloadavg()],
     }
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     print(f"states: {dict(states)}  (runs that did not complete: "
           f"{[(i, runs[i].state.message) for i in ids if i in runs and runs[i].state_type.value != 'COMPLETED'][:5]})")
+    if lost:
+        print(f"not terminal when the wait ended ({'stopped' if stopped.is_set() else 'timeout'} after "
+              f"{elapsed:.0f} s): {len(lost)}, of which {len(never_started)} never started (still queued) and "
+              f"{len(stuck)} RUNNING")
+    print(f"machine: {os.cpu_count()} CPUs, load average {load_at_start} at the start, "
+          f"{result['load_at_end']} at the end")
     print(f"every run terminal: {not lost}; stuck RUNNING: {len(stuck)}; duplicated trainings: "
           f"{result['duplicated_trainings']} ({len(done)} jobs trained); registry aliases consistent: {not aliases} "
           f"{aliases[:3] if aliases else ''}; audit verify: {'passes' if verify.returncode == 0 else verify.stderr[-500:]}")
