@@ -6,15 +6,28 @@ Without ``--home`` it builds a throwaway workspace (sample data, test-sized job)
 with ``scripts/stack.py up`` (PostgreSQL, S3, MLflow server, Prefect server, 2 workers per pool, the
 pools' concurrency limits from the sites catalog) and stops it at the end. Each run is the lifecycle
 deployment ``training-lifecycle/churn-nightly-cloud-eu`` (orchestrated from the on-prem pool) of its
-own small job (``load-000`` ...; one epoch), so runs only wait for capacity, never for each other's
-training lease. ``--restart`` queues the runs while the site pools are paused (no worker takes
-them), then runs ``down`` and ``up`` and resumes the pools: the queue must survive the restart.
+own small job (``load-000`` ...; 2,000 sample rows, one epoch), so runs only wait for capacity, never
+for each other's training lease. Each run is a whole lifecycle (validate, preprocess, anonymize,
+place, sync, train, evaluate, gates, register, promote) in ONE flow-run process: the runs are queued
+with ``dispatch=inline``, so the stages run in that process instead of each being a flow run of its
+own in a site pool (a deployment-dispatched lifecycle starts 4-5 processes, each importing Prefect,
+MLflow and torch). The control plane sees the same lifecycle API traffic, pool limits and leases;
+what is cheaper is only the number of interpreters per run. Even so a run costs tens of CPU-seconds
+(imports, pandas, torch, MLflow and S3 calls), so on a 2-core host the wall time is set by the
+host's CPUs, not by the control plane: 200 runs take over an hour there (see the README's numbers).
+
+``--restart`` queues the runs while the site pools are paused (no worker takes them), then runs
+``down`` and ``up`` and resumes the pools: the queue must survive the restart.
 
 Reports: every run terminal (lost = not terminal in time or gone), duplicated trainings (a job
 trained to success more than once), stuck RUNNING, registry aliases consistent, ``hybridtrain audit
 verify``; runs/minute; API latency p50/p99 under load against the same calls on the idle stack
 (the baseline, measured first in this run); schedule lag p99 (scheduled time -> RUNNING) of the
-scheduled control runs (burst controller, recovery) under the load, and each load run's queue wait.
+runs the server's scheduler created in the control pool (burst controller, recovery: a pool of their
+own with no run limit, so this lag is the control plane's, never a wait for site capacity) under the
+load; and, apart, each load run's queue wait (created -> RUNNING), which is a wait for pool capacity.
+Lost runs are those not terminal when the wait ends (``--timeout``, or SIGINT/SIGTERM, which end the
+wait early and still report); the report splits them into never started (still queued) and RUNNING.
 Last line: ``control_plane_lost_runs: L of N (target 0)``.
 """
 
