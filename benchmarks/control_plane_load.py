@@ -202,6 +202,25 @@ def scheduled_lags(since: datetime) -> list[float]:
             if r.auto_scheduled and r.start_time and r.expected_start_time]
 
 
+def peak_running(runs: list) -> int:
+    """Most of ``runs`` RUNNING at one time (from their start and end times; a run not ended counts till now)."""
+    now = datetime.now(UTC)
+    edges = sorted([(r.start_time, 1) for r in runs if r.start_time]
+                   + [(r.end_time or now, -1) for r in runs if r.start_time], key=lambda e: (e[0], e[1]))
+    peak = level = 0
+    for _, step in edges:
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def pool_limit(pool: str) -> int | None:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_work_pool(pool).concurrency_limit
+
+
 def trainings(root: Path, since: datetime) -> Counter:
     """Successful training attempts per load job since ``since`` (this benchmark's), from the audit log."""
     from hybridtrain.governance.audit_log import AuditLog
@@ -302,6 +321,8 @@ def main() -> int:
     verify = subprocess.run([sys.executable, "-m", "orchestration.cli", "audit", "verify", "--home", str(root)],
                             capture_output=True, text=True, env={**os.environ, **stack.client_env()})
     lags = scheduled_lags(began)
+    pool = next((r.work_pool_name for r in runs.values() if r.work_pool_name), None)
+    limit = pool_limit(pool) if pool else None
     waits = [(r.start_time - r.expected_start_time).total_seconds() for r in runs.values()
              if r.start_time and r.expected_start_time]
     completed = states.get("COMPLETED", 0)
@@ -316,6 +337,7 @@ def main() -> int:
         "schedule_lag_p50_s": round(pct(lags, 50), 2), "schedule_lag_p99_s": round(pct(lags, 99), 2),
         "scheduled_runs": len(lags),
         "queue_wait_p50_s": round(pct(waits, 50), 1), "queue_wait_p99_s": round(pct(waits, 99), 1),
+        "peak_running": peak_running(list(runs.values())), "pool": pool, "pool_limit": limit,
         "restart": args.restart, "stopped_early": stopped.is_set() or time.monotonic() >= deadline,
         "never_started": len(never_started), "cpus": os.cpu_count(), "load_at_start": load_at_start,
         "load_at_end": [round(x, 1) for x in os.getloadavg()],
@@ -341,6 +363,8 @@ def main() -> int:
     print(f"schedule lag (scheduled -> RUNNING) of {len(lags)} scheduled control runs: p50 "
           f"{result['schedule_lag_p50_s']} s, p99 {result['schedule_lag_p99_s']} s (target p99 <= 5 s); "
           f"load runs' queue wait p50 {result['queue_wait_p50_s']} s, p99 {result['queue_wait_p99_s']} s")
+    print(f"pool {pool}: at most {result['peak_running']} load runs RUNNING at once (its limit: {limit}; 2 workers "
+          "polling at once can each take the last free slot)")
     if own and not args.keep:
         stack_cmd(root, "down")
     print(f"control_plane_lost_runs: {len(lost)} of {len(ids)} (target 0)")
