@@ -6,15 +6,28 @@ Without ``--home`` it builds a throwaway workspace (sample data, test-sized job)
 with ``scripts/stack.py up`` (PostgreSQL, S3, MLflow server, Prefect server, 2 workers per pool, the
 pools' concurrency limits from the sites catalog) and stops it at the end. Each run is the lifecycle
 deployment ``training-lifecycle/churn-nightly-cloud-eu`` (orchestrated from the on-prem pool) of its
-own small job (``load-000`` ...; one epoch), so runs only wait for capacity, never for each other's
-training lease. ``--restart`` queues the runs while the site pools are paused (no worker takes
-them), then runs ``down`` and ``up`` and resumes the pools: the queue must survive the restart.
+own small job (``load-000`` ...; 2,000 sample rows, one epoch), so runs only wait for capacity, never
+for each other's training lease. Each run is a whole lifecycle (validate, preprocess, anonymize,
+place, sync, train, evaluate, gates, register, promote) in ONE flow-run process: the runs are queued
+with ``dispatch=inline``, so the stages run in that process instead of each being a flow run of its
+own in a site pool (a deployment-dispatched lifecycle starts 4-5 processes, each importing Prefect,
+MLflow and torch). The control plane sees the same lifecycle API traffic, pool limits and leases;
+what is cheaper is only the number of interpreters per run. Even so a run costs tens of CPU-seconds
+(imports, pandas, torch, MLflow and S3 calls), so on a 2-core host the wall time is set by the
+host's CPUs, not by the control plane: 200 runs take over an hour there (see the README's numbers).
+
+``--restart`` queues the runs while the site pools are paused (no worker takes them), then runs
+``down`` and ``up`` and resumes the pools: the queue must survive the restart.
 
 Reports: every run terminal (lost = not terminal in time or gone), duplicated trainings (a job
 trained to success more than once), stuck RUNNING, registry aliases consistent, ``hybridtrain audit
 verify``; runs/minute; API latency p50/p99 under load against the same calls on the idle stack
 (the baseline, measured first in this run); schedule lag p99 (scheduled time -> RUNNING) of the
-scheduled control runs (burst controller, recovery) under the load, and each load run's queue wait.
+runs the server's scheduler created in the control pool (burst controller, recovery: a pool of their
+own with no run limit, so this lag is the control plane's, never a wait for site capacity) under the
+load; and, apart, each load run's queue wait (created -> RUNNING), which is a wait for pool capacity.
+Lost runs are those not terminal when the wait ends (``--timeout``, or SIGINT/SIGTERM, which end the
+wait early and still report); the report splits them into never started (still queued) and RUNNING.
 Last line: ``control_plane_lost_runs: L of N (target 0)``.
 """
 
@@ -23,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -119,18 +133,25 @@ class ApiProbe:
             self._thread.join(timeout=60)
 
 
-def queue_runs(n: int, stamp: str) -> list[str]:
+def queue_runs(n: int, stamp: str, clients: int = 8) -> list[str]:
+    """Create the ``n`` runs from ``clients`` concurrent API clients (as many users submitting at once)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from prefect.client.orchestration import get_client
 
-    ids = []
     with get_client(sync_client=True) as client:
-        dep = client.read_deployment_by_name(DEPLOYMENT)
-        for i in range(n):
-            fr = client.create_flow_run_from_deployment(
-                dep.id, parameters={"spec_path": f"jobs/load-{i:03d}.yaml", "dispatch": "inline"},
-                idempotency_key=f"load-{stamp}-{i}", tags=["load-benchmark"])
-            ids.append(str(fr.id))
-    return ids
+        dep_id = client.read_deployment_by_name(DEPLOYMENT).id
+
+    def submit(part: range) -> list[str]:
+        with get_client(sync_client=True) as client:
+            return [str(client.create_flow_run_from_deployment(
+                dep_id, parameters={"spec_path": f"jobs/load-{i:03d}.yaml", "dispatch": "inline"},
+                idempotency_key=f"load-{stamp}-{i}", tags=["load-benchmark"]).id) for i in part]
+
+    with ThreadPoolExecutor(clients) as pool:
+        parts = pool.map(submit, [range(k, n, clients) for k in range(clients)])
+        by_index = {i: fr for k, part in enumerate(parts) for i, fr in zip(range(k, n, clients), part)}
+    return [by_index[i] for i in range(n)]
 
 
 def pause_pools(pools: tuple[str, ...], paused: bool) -> None:
@@ -158,15 +179,46 @@ def read_runs(ids: list[str]) -> dict[str, object]:
 
 
 def scheduled_lags(since: datetime) -> list[float]:
-    """Scheduled time -> start, seconds, of the auto-scheduled runs (control flows) that started since ``since``."""
+    """Scheduled time -> RUNNING, seconds, of the scheduler-created runs in the control pool since ``since``.
+
+    The control flows (burst controller, recovery) have a pool of their own with no run limit, so their
+    lag is the control plane's own (scheduler, worker poll, process start), never a wait for site capacity.
+    """
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterStartTime,
+        WorkPoolFilter,
+        WorkPoolFilterName,
+    )
+
+    from hybridtrain.service.stack import CONTROL_POOL
 
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)),
+                                     work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[CONTROL_POOL])),
                                      limit=200)
     return [(r.start_time - r.expected_start_time).total_seconds() for r in runs
             if r.auto_scheduled and r.start_time and r.expected_start_time]
+
+
+def peak_running(runs: list) -> int:
+    """Most of ``runs`` RUNNING at one time (from their start and end times; a run not ended counts till now)."""
+    now = datetime.now(UTC)
+    edges = sorted([(r.start_time, 1) for r in runs if r.start_time]
+                   + [(r.end_time or now, -1) for r in runs if r.start_time], key=lambda e: (e[0], e[1]))
+    peak = level = 0
+    for _, step in edges:
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def pool_limit(pool: str) -> int | None:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_work_pool(pool).concurrency_limit
 
 
 def trainings(root: Path, since: datetime) -> Counter:
@@ -227,6 +279,7 @@ def main() -> int:
     print(f"stack up at {stack.prefect_api} in {time.monotonic() - t0:.0f} s; workspace {root}", flush=True)
     os.environ.update({"PREFECT_API_URL": stack.prefect_api, "HYBRIDTRAIN_HOME": str(root)})
 
+    load_at_start = [round(x, 1) for x in os.getloadavg()]
     probe = ApiProbe(stack.prefect_api)
     idle = list(probe.run_for(15.0))
     probe.samples.clear()
@@ -244,26 +297,32 @@ def main() -> int:
         print("stack restarted (down, up) with every run still queued; pools resumed", flush=True)
     probe.start()
     deadline = time.monotonic() + args.timeout
+    stopped = threading.Event()  # SIGINT/SIGTERM: stop waiting, report what was reached, stop the stack
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
     runs: dict = {}
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stopped.is_set():
         runs = read_runs(ids)
         states = Counter(r.state_type.value for r in runs.values())
         if len(runs) == len(ids) and all(s in TERMINAL for s in states):
             break
-        print(f"  {time.monotonic() - t_queue:6.0f} s  {dict(states)}", flush=True)
-        time.sleep(10)
+        print(f"  {time.monotonic() - t_queue:6.0f} s  {dict(states)}  load {os.getloadavg()[0]:.1f}", flush=True)
+        stopped.wait(10)
     elapsed = time.monotonic() - t_queue
     probe.stop()
     runs = read_runs(ids)
     states = Counter(r.state_type.value for r in runs.values())
     lost = [i for i in ids if i not in runs or runs[i].state_type.value not in TERMINAL]
     stuck = [i for i in ids if i in runs and runs[i].state_type.value == "RUNNING"]
+    never_started = [i for i in lost if i in runs and runs[i].start_time is None]
     done = trainings(root, began)
     dupes = {job: n for job, n in done.items() if n > 1}
     aliases = alias_problems(stack.mlflow_url)
     verify = subprocess.run([sys.executable, "-m", "orchestration.cli", "audit", "verify", "--home", str(root)],
                             capture_output=True, text=True, env={**os.environ, **stack.client_env()})
     lags = scheduled_lags(began)
+    pool = next((r.work_pool_name for r in runs.values() if r.work_pool_name), None)
+    limit = pool_limit(pool) if pool else None
     waits = [(r.start_time - r.expected_start_time).total_seconds() for r in runs.values()
              if r.start_time and r.expected_start_time]
     completed = states.get("COMPLETED", 0)
@@ -278,12 +337,21 @@ def main() -> int:
         "schedule_lag_p50_s": round(pct(lags, 50), 2), "schedule_lag_p99_s": round(pct(lags, 99), 2),
         "scheduled_runs": len(lags),
         "queue_wait_p50_s": round(pct(waits, 50), 1), "queue_wait_p99_s": round(pct(waits, 99), 1),
-        "restart": args.restart,
+        "peak_running": peak_running(list(runs.values())), "pool": pool, "pool_limit": limit,
+        "restart": args.restart, "stopped_early": stopped.is_set() or time.monotonic() >= deadline,
+        "never_started": len(never_started), "cpus": os.cpu_count(), "load_at_start": load_at_start,
+        "load_at_end": [round(x, 1) for x in os.getloadavg()],
     }
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     print(f"states: {dict(states)}  (runs that did not complete: "
           f"{[(i, runs[i].state.message) for i in ids if i in runs and runs[i].state_type.value != 'COMPLETED'][:5]})")
+    if lost:
+        print(f"not terminal when the wait ended ({'stopped' if stopped.is_set() else 'timeout'} after "
+              f"{elapsed:.0f} s): {len(lost)}, of which {len(never_started)} never started (still queued) and "
+              f"{len(stuck)} RUNNING")
+    print(f"machine: {os.cpu_count()} CPUs, load average {load_at_start} at the start, "
+          f"{result['load_at_end']} at the end")
     print(f"every run terminal: {not lost}; stuck RUNNING: {len(stuck)}; duplicated trainings: "
           f"{result['duplicated_trainings']} ({len(done)} jobs trained); registry aliases consistent: {not aliases} "
           f"{aliases[:3] if aliases else ''}; audit verify: {'passes' if verify.returncode == 0 else verify.stderr[-500:]}")
@@ -295,6 +363,8 @@ def main() -> int:
     print(f"schedule lag (scheduled -> RUNNING) of {len(lags)} scheduled control runs: p50 "
           f"{result['schedule_lag_p50_s']} s, p99 {result['schedule_lag_p99_s']} s (target p99 <= 5 s); "
           f"load runs' queue wait p50 {result['queue_wait_p50_s']} s, p99 {result['queue_wait_p99_s']} s")
+    print(f"pool {pool}: at most {result['peak_running']} load runs RUNNING at once (its limit: {limit}; 2 workers "
+          "polling at once can each take the last free slot)")
     if own and not args.keep:
         stack_cmd(root, "down")
     print(f"control_plane_lost_runs: {len(lost)} of {len(ids)} (target 0)")

@@ -23,6 +23,11 @@ STACK_DIR = ".hybridtrain/stack"
 PG_BIN_CANDIDATES = ("/usr/lib/postgresql/15/bin",)
 POOLS = ("onprem", "cloud")
 CONTROL_POOL = "control"
+#: What each pool's warm spares import ahead: a site pool's runs are mostly lifecycles (flows.lifecycle
+#: pulls in torch and scikit-learn through the federated flow: ~5 s of a run's start on a quiet core),
+#: the control pool's the burst controller and the recovery.
+SITE_PRELOAD = "flows.lifecycle,flows.training,flows.data"
+CONTROL_PRELOAD = "flows.burst,flows.recovery"
 
 
 class Stack(BaseModel):
@@ -46,6 +51,11 @@ class Stack(BaseModel):
                                   "own worker, so a full site pool never delays the flows that supervise it.")
     control_workers: int = Field(1, ge=1, description="Process workers started for the control pool.")
     worker_query_seconds: float = Field(1.0, gt=0, description="How often each worker polls for due runs.")
+    train_lease_s: float = Field(
+        300.0, ge=60, description="Training lease of the workers' runs (HYBRIDTRAIN_TRAIN_LEASE_S): Prefect renews "
+        "it every 3/4 of this, so a 60 s lease is lost by a run its host starves for a minute (seen at load 25 on 2 "
+        "cores: the run crashed). The price: a run resubmitted after its holder died waits up to this long to "
+        "train, as long as recover-runs' 300 s heartbeat timeout.")
     worker_prefetch_seconds: float = Field(
         10.0, ge=0, description="How long before its scheduled time a worker may start a run.")
     warm_spares: int = Field(
@@ -187,7 +197,8 @@ class Stack(BaseModel):
     def worker_env(self, pool: str) -> dict[str, str]:
         env = {**self.client_env(), **self.s3_env(),
                "PREFECT_WORKER_QUERY_SECONDS": f"{self.worker_query_seconds:g}",
-               "PREFECT_WORKER_PREFETCH_SECONDS": f"{self.worker_prefetch_seconds:g}"}
+               "PREFECT_WORKER_PREFETCH_SECONDS": f"{self.worker_prefetch_seconds:g}",
+               "HYBRIDTRAIN_TRAIN_LEASE_S": f"{self.train_lease_s:g}"}
         if self.warm_spares:
             env["HYBRIDTRAIN_WARM_SOCKET"] = str(self.warm_socket(pool))
         return env
@@ -221,7 +232,8 @@ class Stack(BaseModel):
         """Name -> command of each pool's warm-pool daemon (none when ``warm_spares`` is 0)."""
         if not self.warm_spares:
             return {}
-        return {f"warm-{pool}": [sys.executable, "-m", "workers.warm_pool", "--spares", str(self.warm_spares)]
+        return {f"warm-{pool}": [sys.executable, "-m", "workers.warm_pool", "--spares", str(self.warm_spares),
+                                 "--preload", CONTROL_PRELOAD if pool == self.control_pool else SITE_PRELOAD]
                 for pool in self.worker_pools}
 
     def worker_cmds(self) -> dict[str, list[str]]:

@@ -30,6 +30,10 @@ def test_a_stack_is_kept_with_its_ports_and_password_for_the_next_up(tmp_path):
     env = again.worker_env("onprem")
     assert env["PREFECT_API_URL"] == "http://127.0.0.1:14200/api" and env["PREFECT_WORKER_QUERY_SECONDS"] == "1"
     assert env["HYBRIDTRAIN_MLFLOW_TRACKING_URI"] == "http://127.0.0.1:15000"
+    assert env["HYBRIDTRAIN_TRAIN_LEASE_S"] == "300"  # a starved host still renews the training lease in time
+    warm = again.warm_cmds()  # site pools' spares import the lifecycle ahead, the control pool's its own flows
+    assert warm["warm-onprem"][-2:] == ["--preload", "flows.lifecycle,flows.training,flows.data"]
+    assert warm["warm-control"][-2:] == ["--preload", "flows.burst,flows.recovery"]
     assert sorted(again.worker_cmds()) == ["worker-cloud-1", "worker-cloud-2", "worker-control-1", "worker-onprem-1",
                                           "worker-onprem-2"]  # the control flows' pool has its own worker
 
