@@ -245,6 +245,13 @@ def plan_bursts(
     return BurstPlan(tuple(moves), tuple(evictions), tuple(held), release, why, tuple(demoted))
 
 
+def pass_now(decision: PlacementDecision) -> bool:
+    """Whether a controller pass should run as soon as the run of ``decision`` is queued, not at the next
+    tick: it is urgent (only an immediate on-prem start makes its deadline) and room must be made for it.
+    The simulator and the live flows both ask this."""
+    return decision.urgent and decision.is_onprem
+
+
 def _evictions(placement, site, gpu_slots, stuck, running, tier, now, others, spot, team_spend, late,
                margin_s: float = 0.0) -> list[Evict]:
     """Running runs to stop so that stay-at-home runs that would miss their deadline can start now.

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from hybridtrain.errors import NoFeasiblePlacement
-from hybridtrain.placement.burst import RunningRun, WaitingRun, plan_bursts
+from hybridtrain.placement.burst import RunningRun, WaitingRun, pass_now, plan_bursts
 from hybridtrain.placement.cost_model import CostModel
 from hybridtrain.placement.duration_estimator import DeclaredLimit, DurationEstimator, HistoryQuantile, plan_hours
 from hybridtrain.placement.engine import CandidateView, Placement
@@ -342,7 +342,7 @@ class Simulation:
             return
         if d.site == self.sc.onprem:
             self.enqueue(t, job, req, d.queue_tier if ct.tiered_queues else QueueTier.on_demand)
-            if ct.urgent_pass and d.urgent and self.waiting:
+            if ct.urgent_pass and pass_now(d) and self.waiting:
                 self.control(t)
                 self.start_ready(t)
         else:
