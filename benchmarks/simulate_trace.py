@@ -13,6 +13,8 @@ misses. Prints, per regime and load, the mean and worst over seeds of:
 - misses ≤ first-queued: seeds where we miss no more deadlines than bursting at the first queued job;
 - ×bound: our cost ÷ the capacity-aware bound (target ≤ 1.3).
 
+Then each goal line of the issue (part 4) per regime and load, PASS only if the worst seed meets it.
+
 Last line: ``placement_cost_ratio_at_1_5x: X (target <= 0.80)`` — X is the worse of the two regimes'
 mean cost ×ref at the highest load given (≥ 1.5), on the spot traces given.
 
@@ -39,6 +41,25 @@ from hybridtrain.simulation.traces import SPOT_DIR  # noqa: E402
 
 def fmt(vals: list[float]) -> str:
     return f"{np.mean(vals):.3f} / {np.max(vals):.3f}"
+
+
+def goal_lines(rs: list) -> list[tuple[str, bool]]:
+    """Each goal of issue #21 part 4 for one regime and load over its seeds: (the line with its numbers, met)."""
+    ts = [r.targets for r in rs]
+    cost, cloud, bound = ([t[k] for t in ts] for k in ("cost_ratio", "cloud_ratio", "bound_ratio"))
+    target = ts[0]["cost_target"]
+    ok_misses = sum(t["misses_ok"] for t in ts)
+    return [
+        (f"cost x{np.mean(cost):.3f} / x{np.max(cost):.3f} of the threshold-burst reference at equal misses "
+         f"<= {target:.2f}", np.max(cost) <= target),
+        (f"cost never above the reference: worst x{np.max(cost):.3f} <= 1.00", np.max(cost) <= 1.0),
+        (f"cloud spend x{np.mean(cloud):.3f} / x{np.max(cloud):.3f} <= 0.50", np.max(cloud) <= 0.50),
+        (f"misses <= bursting at the first queued job on {ok_misses}/{len(ts)} seeds "
+         f"(ours {np.mean([t['misses'] for t in ts]):.0f} vs {np.mean([t['misses_first_queued'] for t in ts]):.0f})",
+         ok_misses == len(ts)),
+        (f"cost x{np.mean(bound):.3f} / x{np.max(bound):.3f} of the capacity-aware bound <= 1.3", np.max(bound) <= 1.3),
+        (f"{len(ts)} seeds >= 5", len(ts) >= 5),
+    ]
 
 
 def main() -> None:
@@ -84,6 +105,10 @@ def main() -> None:
             f"{sum(t['misses_ok'] for t in ts)}/{len(ts)}", fmt([t["bound_ratio"] for t in ts]),
             f"{np.mean([t['misses'] for t in ts]):.0f}", f"{np.mean([t['misses_first_queued'] for t in ts]):.0f}",
         ]))
+    print("\ngoal lines (issue #21 part 4), mean and worst over seeds:")
+    for (regime, load), rs in groups.items():
+        for line, ok in goal_lines(rs):
+            print(f"  {regime:5s} {rs[0].demand_ratio:.2f}x  {'PASS' if ok else 'FAIL'}  {line}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([r.to_json() for rs in groups.values() for r in rs], default=str))

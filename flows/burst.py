@@ -1,17 +1,23 @@
-"""Burst controller flow: watch on-prem pools, move runs that would be late to an allowed site, release burst capacity."""
+"""Burst controller flow: watch on-prem pools, move runs that would be late to an allowed site, release burst capacity.
+
+It runs on a schedule and, as in the simulator, also at once when a run placed as urgent has been
+queued (``pass_at_once``, called by the lifecycle's training dispatch when ``burst.pass_now`` says so).
+"""
 
 from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
+from prefect.deployments import run_deployment
 
 from hybridtrain.placement.burst import plan_bursts
 from hybridtrain.placement.engine import Placement
 from hybridtrain.placement.policy import Policy
 from orchestration.context import run_workspace
+from orchestration.dispatch import has_deployment
 from orchestration.queues import burst_inputs
 from tasks.burst import announce_release, read_pool, read_queues, relocate
 
@@ -42,9 +48,28 @@ def burst_controller(workspace: str | None = None, interval_s: float = 120.0) ->
                             "to": move.to_site, "why": move.reason if moved.done else moved.note})
         for hold in plan.held:
             actions.append({"run": hold.run_id, "action": "held", "to": site.name, "why": hold.reason})
+        for rid in plan.demoted:  # late anyway, not worth a rescue: it waits behind the runs that can make it
+            actions.append({"run": rid, "action": "late", "to": site.name,
+                            "why": "rescuing it costs more than the policy says its deadline is worth"})
         if plan.release:
             announce_release(site.name, plan.release_reason)
         actions.append({"run": "", "action": "release" if plan.release else "keep", "to": site.name,
                         "why": plan.release_reason})
     create_table_artifact(actions, key="burst-controller", description="What the burst controller did this pass")
     return actions
+
+
+#: The controller's deployment (``deployments/prefect.yaml``: flow burst-controller, deployment control).
+CONTROLLER_DEPLOYMENT = "burst-controller/control"
+
+
+def pass_at_once(workspace: str | None = None) -> str:
+    """One controller pass now, not at the next scheduled one: a run of the controller's deployment when
+    it exists (its worker runs it; at most one pass at a time), else this flow in the caller's process.
+    Returns what was started."""
+    if has_deployment(CONTROLLER_DEPLOYMENT):
+        run = run_deployment(CONTROLLER_DEPLOYMENT, timeout=0, as_subflow=False, tags=["urgent-pass"])
+        get_run_logger().info("urgent run queued: burst-controller pass %s started", run.id)
+        return str(run.id)
+    burst_controller(workspace=workspace)
+    return "inline"

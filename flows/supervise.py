@@ -15,6 +15,7 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel
 
+from flows.burst import pass_at_once
 from flows.data import sync_data
 from flows.training import AttemptEnd, Trained, train_stage
 from hybridtrain import stages
@@ -27,6 +28,7 @@ from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.training.recovery import Attempt, Outcome, Placed, Supervisor
 from hybridtrain.workspace import Workspace
 from orchestration.dispatch import Mode, run_stage
+from orchestration.queues import decision_tags
 from tasks.health import check_sites
 from tasks.placement import place
 from tasks.training import move_checkpoint
@@ -73,9 +75,15 @@ def train_with_recovery(ws: Workspace, job: JobSpec, approved: DatasetVersion, s
         attempt_no += 1
         params = {"spec": job, "approved": datasets[site], "site": site, "run_id": run_id, "run_key": run_key,
                   "attempt": attempt_no}
+        placed = placements.get(site)
+        # The run carries its placement (planned hours, work queue) for the controller and queue snapshots;
+        # an urgent one gets a controller pass as soon as it is queued, as in the simulator.
+        tags = decision_tags(placed.run_hours, placed.queue_tier) if placed is not None else None
+        urgent = placed is not None and placed.controller_pass
         try:
             return run_stage(train_stage, Trained, site=site, params=params, ws=ws, run_id=run_id, mode=mode,
-                             timeout_s=timeout_s, attempt=attempt_no)
+                             timeout_s=timeout_s, attempt=attempt_no, tags=tags,
+                             after_queued=(lambda _run: pass_at_once(str(ws.root))) if urgent else None)
         except StageFailed as exc:
             end = stages.find_result(ws, run_id, f"train-attempt-{attempt_no}", AttemptEnd)
             raise as_exception(end, exc, job.name) from exc

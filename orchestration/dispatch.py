@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 from uuid import UUID
@@ -91,6 +92,17 @@ def has_deployment(name: str) -> bool:
     return True
 
 
+def wait_final(run_id: UUID, timeout_s: float) -> FlowRun:
+    """The flow run once it is final, or as it is after ``timeout_s`` (polling, as ``run_deployment`` does)."""
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(run_id)
+            if (run.state is not None and run.state.is_final()) or time.monotonic() > deadline:
+                return run
+            time.sleep(POLL_S)
+
+
 def follow_moves(run: FlowRun, timeout_s: float) -> FlowRun:
     """If the burst controller moved the run (Cancelled with a ``moved:<id>:<site>`` message), wait for
     the replacement instead, as often as it was moved."""
@@ -119,14 +131,17 @@ def run_name(stage_flow: Flow, params: dict[str, Any]) -> str | None:
 
 
 def run_stage(stage_flow: Flow, result_type: type[R], *, site: str, params: dict[str, Any], ws: Workspace,
-              run_id: str, mode: Mode, timeout_s: float, attempt: int = 1) -> R:
+              run_id: str, mode: Mode, timeout_s: float, attempt: int = 1, tags: list[str] | None = None,
+              after_queued: Callable[[FlowRun], None] | None = None) -> R:
     """Run ``stage_flow`` for ``site``.
 
     ``inline`` runs its body in this process, its tasks inside the calling flow run (the embedded
     default). ``pools`` creates a
     run of its deployment for the site's pool and waits: the pool's worker executes it where the
     site is, and the result comes back through the lifecycle's MLflow run. ``auto`` uses the pool
-    when that deployment exists (after ``make deploy``), inline otherwise.
+    when that deployment exists (after ``make deploy``), inline otherwise. In a pool the run carries
+    ``tags`` (e.g. the placement's planned hours and work queue), and ``after_queued`` is called
+    with it once it is queued, before the wait (e.g. a burst-controller pass for an urgent run).
     """
     inline = mode == "inline"
     if not inline:
@@ -143,9 +158,12 @@ def run_stage(stage_flow: Flow, result_type: type[R], *, site: str, params: dict
         get_run_logger().warning(
             "no worker of pool %r is online; %s waits until one starts (`prefect worker start --pool %s`)",
             pool, name, pool)
-    run = run_deployment(name, parameters=payload, timeout=timeout_s, poll_interval=POLL_S,
-                         flow_run_name=run_name(stage_flow, params),
+    run = run_deployment(name, parameters=payload, timeout=0 if after_queued else timeout_s, poll_interval=POLL_S,
+                         flow_run_name=run_name(stage_flow, params), tags=tags,
                          idempotency_key=f"{run_id}:{stage_flow.name}:{site}:{attempt}")
+    if after_queued is not None:
+        after_queued(run)
+        run = wait_final(run.id, timeout_s)
     run = follow_moves(run, timeout_s)
     state = run.state
     if state is None or not state.is_final():

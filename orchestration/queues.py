@@ -23,6 +23,15 @@ from hybridtrain.specs.sites import SitesCatalog
 
 TRAIN_FLOW = "train-stage"
 PAGE = 200
+#: Tags that carry the placement decision with a queued train run, so the burst controller and every
+#: queue snapshot see the run as the engine planned it (hours, work queue), as the simulator does.
+RUN_HOURS_TAG = "hybridtrain.run_hours:"
+QUEUE_TIER_TAG = "hybridtrain.queue_tier:"
+
+
+def decision_tags(run_hours: float, queue_tier: str) -> list[str]:
+    """The tags a train run is created with: the hours the engine planned it with and its work queue."""
+    return [f"{RUN_HOURS_TAG}{run_hours:.6g}", f"{QUEUE_TIER_TAG}{queue_tier}"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,31 @@ class PoolRun:
     started: datetime | None
     deployment_id: str | None
     created: datetime | None = None
+    tags: tuple[str, ...] = ()
+
+    def _tag(self, prefix: str) -> str | None:
+        return next((t.removeprefix(prefix) for t in self.tags if t.startswith(prefix)), None)
+
+    @property
+    def run_hours(self) -> float | None:
+        """The hours the engine planned this run with (its placement's tag), None if it has none."""
+        raw = self._tag(RUN_HOURS_TAG)
+        try:
+            return float(raw) if raw is not None else None
+        except ValueError:
+            return None
+
+    @property
+    def tier(self) -> QueueTier:
+        """The pool work queue its placement put it in (default ``on_demand``)."""
+        raw = self._tag(QUEUE_TIER_TAG)
+        return QueueTier[raw] if raw in QueueTier.__members__ else QueueTier.on_demand
+
+    @property
+    def planned_hours(self) -> float:
+        """Planned hours, else the declared limit."""
+        h = self.run_hours
+        return min(h, self.limit_hours) if h is not None else self.limit_hours
 
     @property
     def gpus(self) -> int:
@@ -109,6 +143,7 @@ class PrefectQueues:
                 started=fr.start_time,
                 deployment_id=str(fr.deployment_id) if fr.deployment_id else None,
                 created=fr.created,
+                tags=tuple(fr.tags or ()),
             ))
         return out
 
@@ -123,12 +158,12 @@ class PrefectQueues:
             # Future-scheduled runs are not queued yet; only due ones compete for slots now.
             waiting = [r for r in runs if r.state != "RUNNING"
                        and (r.expected_start is None or r.expected_start <= now)]
-            backlog = tuple(QueuedRun(r.gpus, r.limit_hours, QueueTier.on_demand, r.limit_hours)
+            backlog = tuple(QueuedRun(r.gpus, r.planned_hours, r.tier, r.limit_hours)
                             for r in sorted(waiting, key=lambda r: r.expected_start or now))
             running_runs = tuple(
-                QueuedRun(r.gpus, remaining_hours(r.limit_hours, r.limit_hours,
+                QueuedRun(r.gpus, remaining_hours(r.planned_hours, r.limit_hours,
                                                   (now - r.started).total_seconds() / 3600 if r.started else 0.0),
-                          QueueTier.on_demand, r.limit_hours)
+                          r.tier, r.limit_hours)
                 for r in running
             )
             states[site.name] = QueueState(
@@ -146,12 +181,14 @@ class PrefectQueues:
 
 
 def request_of(run: PoolRun, now: datetime) -> ResourceRequest | None:
-    """The placement request of a queued train-stage run, as submitted (None if its spec is unreadable)."""
+    """The placement request of a queued train-stage run, as submitted and planned (None if its spec is
+    unreadable): the hours its placement planned it with, when its tag says."""
     if run.spec is None:
         return None
     approved = run.parameters.get("approved") or {}
     submitted = run.created or run.expected_start or now
-    return request_from_spec(run.spec, dataset_bytes=int(approved.get("size", 0)) or 0, now=submitted)
+    return request_from_spec(run.spec, dataset_bytes=int(approved.get("size", 0)) or 0, now=submitted,
+                             run_hours=run.run_hours)
 
 
 def burst_inputs(runs: list[PoolRun], now: datetime) -> tuple[list[WaitingRun], list[RunningRun]]:
@@ -167,9 +204,10 @@ def burst_inputs(runs: list[PoolRun], now: datetime) -> tuple[list[WaitingRun], 
                 r.run_id, req,
                 hours_left=remaining_hours(req.run_hours, req.max_run_hours, elapsed),
                 limit_hours_left=max(req.max_run_hours - elapsed, 0.0),
-                since_checkpoint_h=min(elapsed, req.checkpoint_interval_s / 3600),
+                since_checkpoint_h=elapsed % (req.checkpoint_interval_s / 3600),
+                tier=r.tier,
             ))
         elif r.expected_start is None or r.expected_start <= now:
             enqueued = (r.expected_start or r.created or now).timestamp()
-            waiting.append(WaitingRun(r.run_id, req, enqueued_at=enqueued))
+            waiting.append(WaitingRun(r.run_id, req, enqueued_at=enqueued, tier=r.tier))
     return waiting, running

@@ -18,9 +18,14 @@ How a pass works:
    can still get done in time — or, for a short run, get done cheapest: the engine's decision
    for a late run may itself come back urgent). If it would still miss its deadline, and
    starting now would save it, running runs that *could* leave are stopped to make room,
-   cheapest first: one whose own deadline allows goes back to the head of its queue and resumes
-   here from its last checkpoint when the room is free again; otherwise it resumes where the
-   engine places the work it has left.
+   cheapest first: one whose own deadline allows (or is lost anyway) goes back to the head of its
+   queue and resumes here from its last checkpoint when the room is free again; otherwise it
+   resumes where the engine places the work it has left. A run that can still wait for the next
+   pass (``margin_s``) takes only victims that checkpointed within that time: the others reach a
+   checkpoint before it must start, so little work is thrown away.
+   A run whose new decision is *late* here (rescuing it costs more than the policy says a
+   deadline is worth, ``OnPremFirst.miss_above_usd``) goes to the pool's last queue
+   (``BurstPlan.demoted``), behind every run that can still make its deadline.
 3. When no run is waiting and enough GPUs are free, the plan says burst capacity can go.
 
 Example: 8 GPUs, all busy for 2 more hours; waiting: A (1 GPU, 3 h, due in 4 h), B
@@ -139,6 +144,8 @@ class BurstPlan:
     held: tuple[Hold, ...]
     release: bool
     release_reason: str
+    #: waiting runs whose new decision lets them be late here: to the pool's last queue (``QueueTier.late``)
+    demoted: tuple[str, ...] = ()
 
 
 def plan_bursts(
@@ -186,6 +193,7 @@ def plan_bursts(
 
     moves: list[Move] = []
     held: list[Hold] = []
+    demoted: list[str] = []
     stuck: list[WaitingRun] = []  # may not leave and would be late
     starts = replay()
     i = 0
@@ -207,6 +215,15 @@ def plan_bursts(
             held.append(Hold(run.run_id, partial(str, f"no site may run it: {err}")))
             continue
         if d.site == site:
+            if d.late and tier[run.run_id] is not QueueTier.late:
+                # not worth rescuing: to the last queue, behind every run that can still make it (held there)
+                demoted.append(run.run_id)
+                tier[run.run_id] = QueueTier.late
+                i -= 1
+                del queue[i]
+                queue.append(run)
+                starts = replay()
+                continue
             if d.urgent:  # only starting here now makes it (or is cheapest): make room as for a run that must stay
                 stuck.append(run)
             held.append(Hold(run.run_id, partial(lambda d: "; ".join(d.reasons), d)))
@@ -217,7 +234,7 @@ def plan_bursts(
         starts = replay()  # the runs behind it may now make it
 
     evictions = _evictions(placement, site, gpu_slots, stuck, running, tier, now, others, spot, team_spend,
-                           late) if evict and stuck else []
+                           late, margin_s) if evict and stuck else []
     kept = len(queue)
     free_now = gpu_slots - sum(r.request.gpus for r in running)
     if kept == 0 and free_now >= release_free_fraction * gpu_slots:
@@ -225,10 +242,18 @@ def plan_bursts(
                               "burst capacity can be released")
     else:
         release, why = False, f"{site}: {kept} run(s) waiting, {free_now} of {gpu_slots} GPUs free"
-    return BurstPlan(tuple(moves), tuple(evictions), tuple(held), release, why)
+    return BurstPlan(tuple(moves), tuple(evictions), tuple(held), release, why, tuple(demoted))
 
 
-def _evictions(placement, site, gpu_slots, stuck, running, tier, now, others, spot, team_spend, late) -> list[Evict]:
+def pass_now(decision: PlacementDecision) -> bool:
+    """Whether a controller pass should run as soon as the run of ``decision`` is queued, not at the next
+    tick: it is urgent (only an immediate on-prem start makes its deadline) and room must be made for it.
+    The simulator and the live flows both ask this."""
+    return decision.urgent and decision.is_onprem
+
+
+def _evictions(placement, site, gpu_slots, stuck, running, tier, now, others, spot, team_spend, late,
+               margin_s: float = 0.0) -> list[Evict]:
     """Running runs to stop so that stay-at-home runs that would miss their deadline can start now.
 
     Each candidate victim either goes back to the head of its queue here (losing the work since
@@ -247,7 +272,8 @@ def _evictions(placement, site, gpu_slots, stuck, running, tier, now, others, sp
         req = victim.request
         lost = req.gpus * (victim.since_checkpoint_h + restart_h) * here
         back_by = now + (longest_stuck_h + restart_h + victim.hours_left) * 3600.0
-        if req.deadline is None or back_by <= req.deadline:
+        lost_anyway = req.deadline is not None and now + victim.hours_left * 3600.0 > req.deadline
+        if req.deadline is None or back_by <= req.deadline or lost_anyway or tier[victim.run_id] is QueueTier.late:
             options.append((lost, victim, None))
             continue
         left = dataclasses.replace(req, run_hours=max(victim.hours_left, 1e-3),
@@ -267,10 +293,15 @@ def _evictions(placement, site, gpu_slots, stuck, running, tier, now, others, sp
         req = run.request
         if late(req, 0.0):
             continue  # even starting now would not save it
+        # A run that can still wait for the next pass takes only victims that checkpointed within
+        # that time (they lose little now); the others reach a checkpoint before it has to start.
+        fresh_h = margin_s / 3600.0 if margin_s > 0 and not late(req, margin_s) else math.inf
         chosen, gained = [], 0
         for option in options:
             if free + gained >= req.gpus:
                 break
+            if option[1].since_checkpoint_h > fresh_h:
+                continue
             chosen.append(option)
             gained += option[1].request.gpus
         if free + gained < req.gpus:

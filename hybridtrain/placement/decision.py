@@ -75,6 +75,7 @@ class PlacementDecision:
         reasons: Callable[[], list[str]] | None,
         team_spend: Mapping[str, float] | None,
         urgent: bool = False,
+        late: bool = False,
     ) -> None:
         self._engine = engine
         self._view = view
@@ -83,6 +84,7 @@ class PlacementDecision:
         self._reasons = reasons
         self._team_spend = team_spend
         self.urgent = urgent
+        self.late = late
 
     # --- the decision ----------------------------------------------------------------------
 
@@ -138,11 +140,14 @@ class PlacementDecision:
 
     @property
     def queue_tier(self) -> QueueTier:
-        """The on-prem pool's work queue to submit to (``QueueTier``: stay, on_demand, spot).
+        """The on-prem pool's work queue to submit to (``QueueTier``: stay, on_demand, spot, late).
 
-        Urgent runs — only on-prem, and only starting now, makes their deadline — go first too.
+        Urgent runs — only on-prem, and only starting now, makes their deadline — go first too;
+        runs the strategy let be late (``Choice.late``) go last.
         """
-        return QueueTier.stay if self.urgent else self._view.plan.tier
+        if self.urgent:
+            return QueueTier.stay
+        return QueueTier.late if self.late else self._view.plan.tier
 
     @property
     def needs_sync(self) -> bool:

@@ -202,7 +202,8 @@ class Placement:
             # the spend seen is this decision's, even if the caller's mapping changes later.
             raise NoFeasiblePlacement(request.job, partial(self.rejections, view,
                                                            dict(team_spend) if team_spend else None))
-        return PlacementDecision(self, view, choice.pos, strat.name, choice.reasons, team_spend, choice.urgent)
+        return PlacementDecision(self, view, choice.pos, strat.name, choice.reasons, team_spend, choice.urgent,
+                                 choice.late)
 
     # --- explain ---------------------------------------------------------------------------
 

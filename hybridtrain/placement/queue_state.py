@@ -45,6 +45,7 @@ class QueueTier(IntEnum):
     stay = 0  # its data may not leave: no other site is allowed
     on_demand = 1  # could burst, but only to on-demand capacity
     spot = 2  # could burst to spot: the cheapest to move
+    late = 3  # late anywhere it could go at a price the policy accepts: runs on GPUs no one else needs
 
 
 @dataclass(frozen=True, slots=True)

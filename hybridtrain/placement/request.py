@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from hybridtrain.errors import Problem, SpecError
+from hybridtrain.placement.duration_estimator import plan_hours
 from hybridtrain.specs.job import JobSpec, Sensitivity
 
 GB = 1_000_000_000
@@ -126,13 +127,15 @@ def request_from_spec(
     ``dataset_bytes`` is the size of the dataset that sync would send (the approved version);
     the request carries ``sync.sample_fraction`` of it. ``run_hours`` is the engine's own
     estimate (see ``DurationEstimator``); without one the spec's ``resources.max_hours`` — the
-    hard limit, so an upper bound — is used. ``tier`` is the tier of the data that would be
-    moved: the lifecycle only ever syncs approved data.
+    hard limit, so an upper bound — is used; either way the run is planned with at most the time
+    from submission to its deadline (``plan_hours``, as the simulator plans it). ``tier`` is the
+    tier of the data that would be moved: the lifecycle only ever syncs approved data.
     """
     submitted = to_epoch(now)
     limit = spec.resources.max_hours
-    estimate = limit if run_hours is None else min(run_hours, limit)
     deadline_at = spec.deadline_at(datetime.fromtimestamp(submitted, UTC)) if spec.deadline else None
+    left_h = (deadline_at.timestamp() - submitted) / 3600.0 if deadline_at is not None else None
+    estimate = plan_hours(limit if run_hours is None else run_hours, limit, left_h)
     interval = checkpoint_interval_s
     if interval is None:
         interval = spec.checkpoint.interval_minutes * 60 if spec.checkpoint.interval_minutes else 1800.0

@@ -28,12 +28,15 @@ class Choice:
     """The picked position (-1: nothing feasible) and a function producing the reasons when read.
 
     ``urgent``: the run can make its deadline only on-prem and only if it starts now — it goes to
-    the pool's first queue and the burst controller makes room for it.
+    the pool's first queue and the burst controller makes room for it. ``late``: the run stays
+    on-prem knowing it will miss its deadline (getting it done in time elsewhere costs more than
+    the policy says a deadline is worth) — it goes to the pool's last queue.
     """
 
     pos: int
     reasons: Callable[[], list[str]]
     urgent: bool = False
+    late: bool = False
 
 
 class Strategy(Protocol):
@@ -146,9 +149,13 @@ class OnPremFirst:
     run at its checkpoint for a short while (the controller picks the one that loses least)
     costs less than an on-demand start, a sync and a checkpoint sent home; (3) otherwise take
     the cheapest allowed candidate (cloud on-demand, or spot priced with its on-demand
-    fallback) that meets it; (4) if none does but on-prem would were the run to start now,
-    take on-prem as *urgent* (first queue; the burst controller makes room); (5) otherwise the
-    candidate that misses by least, flagged.
+    fallback) that meets it — unless, with ``miss_above_usd`` > 0, it costs more than that above
+    on-prem: then the run stays on-prem, *late*, in the pool's last queue, where it takes only GPUs
+    no run that can still make its deadline needs (a deadline is worth that much, no more);
+    (4) if none does but on-prem would were the run to start now, take on-prem as *urgent*
+    (first queue; the burst controller makes room); (5) otherwise the candidate that misses by
+    least, flagged — or, with ``miss_above_usd`` > 0, on-prem late in the last queue when that
+    is cheaper (a deadline lost anyway is not worth paying for).
 
     Example: 8 on-prem GPUs all busy, 3 runs queued; a 1-GPU, 2 h job due in 6 h. Queue wait is
     estimated at 1 h → finish in 3 h → stays on-prem. Ten more runs arrive; the next such job
@@ -160,6 +167,10 @@ class OnPremFirst:
     name: ClassVar[str] = "onprem_first"
     #: Runs planned at most this many hours displace a running run rather than burst (0: never).
     displace_max_hours: float = 0.0
+    #: What a deadline (or, for a run without one, the wait SLO) is worth, USD: a run on-prem would
+    #: get done late stays there, in the last queue, when getting it done in time elsewhere costs
+    #: more than this above on-prem (0: never).
+    miss_above_usd: float = 0.0
 
     def choose(self, c: CandidateView) -> Choice:
         pos = c.cheapest("onprem")
@@ -176,17 +187,40 @@ class OnPremFirst:
             if displace is not None:
                 return displace
         choice = cheapest_meeting(c, onprem_status)
-        if choice.pos < 0 or c.priced(choice.pos).meets:
+        if choice.pos < 0:
             return choice
+        if c.priced(choice.pos).meets:
+            return self._accept_miss(c, choice) or choice
         now = c.cheapest_meeting_if_started_now("onprem")
         if now < 0:
-            return choice
+            return self._accept_miss(c, choice) or choice
 
         def urgent() -> list[str]:
             return [*onprem_status(c), f"no allowed candidate meets {due_text(c)} with the queues as they are, "
                                        f"but {c.site(now)} would if the run started now: queued first as urgent, "
                                        f"the burst controller makes room"]
         return Choice(now, urgent, urgent=True)
+
+    def _accept_miss(self, c: CandidateView, rescue: Choice) -> Choice | None:
+        """Step (3'): on-prem, late, in the last queue, when ``rescue`` (the cheapest site meeting the
+        deadline, or the least late one when none does) costs more than ``miss_above_usd`` above it."""
+        if self.miss_above_usd <= 0 or c.plan.must_stay:
+            return None
+        late = c.cheapest("onprem", meeting=False)
+        if late < 0 or late == rescue.pos:
+            return None
+        meets = c.priced(rescue.pos).meets
+        extra = c.total(rescue.pos) - c.total(late)
+        if meets and extra <= self.miss_above_usd:
+            return None
+
+        def reasons() -> list[str]:
+            why = (f"{c.label(rescue.pos)} would meet it for ${extra:.2f} more than on-prem, above the "
+                   f"${self.miss_above_usd:g} a deadline is worth here" if meets
+                   else f"no allowed candidate meets {due_text(c)}")
+            return [*onprem_status(c), (f"{why}: {c.site(late)} at ${c.total(late):.2f}, late, queued last "
+                                        "(it runs on GPUs no run that can still make its deadline needs)")]
+        return Choice(late, reasons, late=True)
 
     def _displace(self, c: CandidateView) -> Choice | None:
         """Step (2): a short run on-prem now, as urgent, when that is cheaper than the cheapest site meeting its deadline."""
@@ -252,7 +286,8 @@ class DeadlineSpot:
     Steps: (1) if the cheapest on-prem candidate that meets the due time would wait at most
     ``max_onprem_wait_hours``, stay there; (2) else, if a spot candidate meets it and costs at
     most ``max_cost_ratio`` × that on-prem candidate (or on-prem cannot make it at all), take the
-    cheapest such spot candidate; (3) otherwise behave as ``onprem_first``.
+    cheapest such spot candidate; (3) otherwise behave as ``onprem_first`` (with this strategy's
+    ``displace_max_hours`` and ``miss_above_usd``).
 
     Example: on-prem queue wait 3 h (> 1 h); an opportunistic 1-GPU 4 h job due in 12 h →
     cloud-us spot. At 1 h 30 m spot is preempted with the job ahead of its line (1.5 h done, the
@@ -263,14 +298,18 @@ class DeadlineSpot:
     name: ClassVar[str] = "deadline_spot"
     max_onprem_wait_hours: float = 1.0
     max_cost_ratio: float = 1.5
+    #: ``onprem_first``'s options, for step (3)
+    displace_max_hours: float = 0.0
+    miss_above_usd: float = 0.0
 
     def choose(self, c: CandidateView) -> Choice:
         onprem = c.cheapest("onprem")
+        fallback = OnPremFirst(self.displace_max_hours, self.miss_above_usd)
         if onprem >= 0 and c.wait(onprem) <= self.max_onprem_wait_hours * 3600.0:
-            return OnPremFirst().choose(c)
+            return fallback.choose(c)
         spot = c.cheapest("spot")
         if spot < 0 or (onprem >= 0 and c.total(spot) > self.max_cost_ratio * c.total(onprem)):
-            return OnPremFirst().choose(c)
+            return fallback.choose(c)
 
         def reasons() -> list[str]:
             head = (f"on-prem {c.site(onprem)} would wait {hhmm(c.wait(onprem))}, over the "

@@ -192,28 +192,48 @@ class Tuning:
     queue_quantile: float | None
     reference_misses: int
     grid: list[dict] = field(default_factory=list)
+    miss_above_usd: float | None = None  # what a deadline is worth (None: as the policy file says)
 
 
 #: (quantile a run is planned with, quantile the runs behind it assume; None: the same)
 GRID = ((0.5, None), (0.75, 0.5), (0.9, None), (0.9, 0.5), (1.0, None), (1.0, 0.5))
+#: what a deadline may be worth (``OnPremFirst.miss_above_usd``), tried with the best quantiles
+MISS_VALUES = (20.0, 10.0, 5.0, 3.0)
+#: a setting with a deadline value must miss at most this share of the reference's misses on the
+#: tuning part (trading misses for money needs a margin: the report part is other jobs)
+MISS_MARGIN = 0.85
 
 
-def tune(scenario: Scenario, jobs: Sequence[SimJob], grid: Sequence[tuple[float, float | None]] = GRID) -> Tuning:
+def tune(scenario: Scenario, jobs: Sequence[SimJob], grid: Sequence[tuple[float, float | None]] = GRID,
+         miss_values: Sequence[float] = MISS_VALUES) -> Tuning:
     """The cheapest setting that misses no more deadlines than bursting at the first queued job.
 
     Tried on ``jobs`` (the tuning part): the quantile of past actual/declared run times the engine
-    plans a run with, and the (lower) quantile the runs queued behind it assume for it. If no
-    setting misses as few deadlines as the reference, the one that misses fewest.
+    plans a run with, and the (lower) quantile the runs queued behind it assume for it, with the
+    policy file's deadline value; then, with the two cheapest of those, each of ``miss_values`` as
+    what a deadline is worth (``OnPremFirst.miss_above_usd``) — kept only if it misses at most
+    ``MISS_MARGIN`` × the reference's misses. If no setting misses as few deadlines as the
+    reference, the one that misses fewest.
     """
     ref = replay(scenario, contenders(threshold_limits=(0,))[2], jobs)
     tried = []
-    for q, qq in grid:
-        m = replay(scenario, our_policy(quantile=q, queue_quantile=qq), jobs)
-        tried.append({"quantile": q, "queue_quantile": qq, "total_usd": round(m.total_usd, 2),
-                      "cloud_usd": round(m.cloud_usd, 2), "misses": int(m.misses)})
-    ok = [g for g in tried if g["misses"] <= ref.misses] or [min(tried, key=lambda g: g["misses"])]
+
+    def trial(q: float, qq: float | None, value: float | None) -> dict:
+        m = replay(scenario, our_policy(quantile=q, queue_quantile=qq, miss_above_usd=value), jobs)
+        g = {"quantile": q, "queue_quantile": qq, "miss_above_usd": value, "total_usd": round(m.total_usd, 2),
+             "cloud_usd": round(m.cloud_usd, 2), "misses": int(m.misses)}
+        tried.append(g)
+        return g
+
+    first = [trial(q, qq, None) for q, qq in grid]
+    ok = [g for g in first if g["misses"] <= ref.misses]
+    for g in sorted(ok, key=lambda g: g["total_usd"])[:2]:
+        for v in miss_values:
+            trial(g["quantile"], g["queue_quantile"], v)
+    ok = [g for g in tried if g["misses"] <= (ref.misses if g["miss_above_usd"] is None else MISS_MARGIN * ref.misses)]
+    ok = ok or [min(tried, key=lambda g: g["misses"])]
     best = min(ok, key=lambda g: g["total_usd"])
-    return Tuning(best["quantile"], best["queue_quantile"], int(ref.misses), tried)
+    return Tuning(best["quantile"], best["queue_quantile"], int(ref.misses), tried, best["miss_above_usd"])
 
 
 @dataclass
@@ -340,13 +360,14 @@ def run_comparison(capacity: int | None = None, *, load: float | None = None, se
                    jobs_file: Path | str | None = None, deadlines: str = "loose",
                    policy_path: Path | str = SIM_POLICY, threshold_limits: Sequence[int] = (0, 1, 2, 4, 8, 16, 32, 64),
                    capacity_bound_on: bool = True, tuning: Tuning | None = None,
-                   spot_limits: Sequence[int] | None = None) -> Report:
+                   spot_limits: Sequence[int] | None = None, miss_values: Sequence[float] = MISS_VALUES) -> Report:
     """Tune on the first half of the trace, replay every contender on the second (see module docstring).
 
     Give ``capacity`` (on-prem GPUs) or ``load`` (demand ÷ capacity on the report half; default
     1.1). ``deadlines``: "loose" or "tight" (see ``workload``). ``spot_dir``: any directory of
     SkyPilot spot traces (see ``site_traces``). ``jobs_file``: a job CSV instead of the pod trace.
     ``tuning``: our policy's setting chosen earlier (e.g. on another seed's tuning half) instead of tuning here.
+    ``miss_values``: what a deadline may be worth, tried by the tuning (empty: the policy file's value).
     """
     t0 = time.perf_counter()
     check_load(load, capacity)
@@ -365,8 +386,9 @@ def run_comparison(capacity: int | None = None, *, load: float | None = None, se
     if unknown:
         raise SpecError("workload", [Problem("job_class", f"{', '.join(unknown)} not in the policy's job classes "
                                                           f"({', '.join(scenario.policy.job_classes)})")])
-    tuning = tuning or tune(scenario, tune_jobs, grid)
-    ours = our_policy(quantile=tuning.quantile, queue_quantile=tuning.queue_quantile)
+    tuning = tuning or tune(scenario, tune_jobs, grid, miss_values)
+    ours = our_policy(quantile=tuning.quantile, queue_quantile=tuning.queue_quantile,
+                      miss_above_usd=tuning.miss_above_usd)
     rows, lines, placed = [], {}, report_jobs
     for c in contenders(threshold_limits=threshold_limits, ours=ours, spot_limits=spot_limits):
         m, outcomes = replay_outcomes(scenario, c, report_jobs)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from hybridtrain.errors import NoFeasiblePlacement
-from hybridtrain.placement.burst import RunningRun, WaitingRun, plan_bursts
+from hybridtrain.placement.burst import RunningRun, WaitingRun, pass_now, plan_bursts
 from hybridtrain.placement.cost_model import CostModel
 from hybridtrain.placement.duration_estimator import DeclaredLimit, DurationEstimator, HistoryQuantile, plan_hours
 from hybridtrain.placement.engine import CandidateView, Placement
@@ -100,6 +100,8 @@ class Contender:
     spot_work: str = "limit"  # what the spot rule thinks is left: "limit" (declared) or "estimate"
     deadline_cap: bool = False  # plan a run with at most the time left to its deadline (``plan_hours``)
     urgent_pass: bool = False  # a controller pass as soon as an urgent run is queued, not at the next tick
+    #: the policy's ``miss_above_usd`` for onprem_first and deadline_spot (None: as the policy file says)
+    miss_above_usd: float | None = None
 
 
 @dataclass(slots=True)
@@ -191,19 +193,33 @@ def contenders(threshold_limits: Sequence[int] = (0, 1, 2, 4, 8, 16, 32, 64),
     return out
 
 
+def with_miss_value(policy: Policy, miss_above_usd: float | None) -> Policy:
+    """``policy`` with ``miss_above_usd`` set for the strategies that take it (None: unchanged)."""
+    if miss_above_usd is None:
+        return policy
+    options = {k: dict(v) for k, v in policy.strategy_options.items()}
+    for name in ("onprem_first", "deadline_spot"):
+        options.setdefault(name, {})["miss_above_usd"] = miss_above_usd
+    if "onprem_first" in policy.strategy_options and "displace_max_hours" in policy.strategy_options["onprem_first"]:
+        # deadline_spot falls back to onprem_first: the same displacement
+        options["deadline_spot"].setdefault("displace_max_hours", options["onprem_first"]["displace_max_hours"])
+    return policy.model_copy(update={"strategy_options": options})
+
+
 def our_policy(quantile: float = 0.9, stay_reserve: int = 0, evict: bool = True, queue_quantile: float | None = 0.5,
                spot_work: str = "limit", controller_interval_s: float = 600.0, deadline_cap: bool = True,
-               urgent_pass: bool = True) -> Contender:
+               urgent_pass: bool = True, miss_above_usd: float | None = None) -> Contender:
     """Our policy: the policy file's strategies, burst controller (with evictions, and a pass as soon
     as an urgent run is queued), tiered on-prem queues, uniform progress on spot, and the engine's
     history estimates at ``quantile`` for a run itself — at most the time left to its deadline —
-    and ``queue_quantile`` for the runs queued behind it."""
+    and ``queue_quantile`` for the runs queued behind it; ``miss_above_usd``: what a deadline is worth
+    (``OnPremFirst``), None: as the policy file says."""
     return Contender(
         "ours", strategy=None, controller=True, controller_interval_s=controller_interval_s, tiered_queues=True,
         spot_rule=UniformProgress(),
         estimator=lambda q=quantile: HistoryQuantile(quantile=q), queue_quantile=queue_quantile,
         spot_work=spot_work, stay_reserve=stay_reserve, evict=evict, deadline_cap=deadline_cap,
-        urgent_pass=urgent_pass,
+        urgent_pass=urgent_pass, miss_above_usd=miss_above_usd,
     )
 
 
@@ -230,7 +246,8 @@ class Simulation:
         self.ct = contender
         self.offset = time_offset
         self.spot_window_s = spot_window_s
-        self.engine = Placement(scenario.sites, scenario.policy, scenario.cost_model)
+        self.engine = Placement(scenario.sites, with_miss_value(scenario.policy, contender.miss_above_usd),
+                                scenario.cost_model)
         self.estimator = contender.estimator()
         self.capacity = scenario.capacity
         self.reserved = contender.stay_reserve
@@ -325,7 +342,7 @@ class Simulation:
             return
         if d.site == self.sc.onprem:
             self.enqueue(t, job, req, d.queue_tier if ct.tiered_queues else QueueTier.on_demand)
-            if ct.urgent_pass and d.urgent and self.waiting:
+            if ct.urgent_pass and pass_now(d) and self.waiting:
                 self.control(t)
                 self.start_ready(t)
         else:
@@ -421,6 +438,12 @@ class Simulation:
             if e is not None and e.tier is not QueueTier.stay and not e.cancelled:
                 e.cancelled = True  # an urgent run goes to the first queue
                 self.queues[QueueTier.stay].append(_Queued(e.job, e.request, e.enqueued, QueueTier.stay,
+                                                           e.expected_h, e.done_h))
+        for rid in plan.demoted:
+            e = by_id[rid]
+            if not e.cancelled:
+                e.cancelled = True  # late anyway: to the last queue
+                self.queues[QueueTier.late].append(_Queued(e.job, e.request, e.enqueued, QueueTier.late,
                                                            e.expected_h, e.done_h))
         for move in plan.moves:
             e = by_id[move.run_id]

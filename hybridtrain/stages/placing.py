@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 from concurrent.futures import ThreadPoolExecutor
 
+from hybridtrain.placement.burst import pass_now
 from hybridtrain.placement.duration_estimator import HistoryQuantile
 from hybridtrain.placement.engine import Placement
 from hybridtrain.placement.policy import Policy
@@ -43,6 +44,9 @@ class PlacementOutcome(BaseModel):
     queue_tier: str
     queue_wait_s: float
     run_hours: float
+    urgent: bool = False  # only an immediate on-prem start makes the deadline: room is made for it
+    late: bool = False  # stays on-prem late: a rescue costs more than the policy says a deadline is worth
+    controller_pass: bool = False  # run a burst-controller pass as soon as the run is queued (``burst.pass_now``)
     reasons: list[str]
     breakdown: list[str]
     candidates: list[dict[str, str]]
@@ -129,6 +133,9 @@ def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, queues: dict | None,
         queue_tier=decision.queue_tier.name,
         queue_wait_s=decision.queue_wait_s,
         run_hours=request.run_hours,
+        urgent=decision.urgent,
+        late=decision.late,
+        controller_pass=pass_now(decision),
         reasons=decision.reasons,
         breakdown=decision.estimate.lines(),
         candidates=decision.to_table(),

@@ -11,6 +11,7 @@ import pytest
 
 from hybridtrain.placement.spot_rule import Greedy, UniformProgress
 from hybridtrain.simulation.comparison import (
+    MISS_MARGIN,
     bound_metrics,
     default_scenario,
     replay,
@@ -130,9 +131,19 @@ def test_comparison_end_to_end_on_a_small_trace(tmp_path):
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(keep)
-    report = run_comparison(load=1.2, pods=small, grid=((0.75, None), (1.0, 0.5)))
+    report = run_comparison(load=1.2, pods=small, grid=((0.75, None), (1.0, 0.5)), miss_values=(5.0,))
     assert {r.name for r in report.rows} >= {"ours", "lower_bound", "threshold_0", "greedy_spot", "onprem_fifo"}
-    assert report.tuning.quantile in (0.75, 1.0) and len(report.tuning.grid) == 2
+    tuning = report.tuning
+    assert tuning.quantile in (0.75, 1.0)
+    # the quantile settings first, then the deadline value with those that missed no more than the reference
+    assert [g["miss_above_usd"] for g in tuning.grid[:2]] == [None, None]
+    fit = [g for g in tuning.grid[:2] if g["misses"] <= tuning.reference_misses]
+    assert sorted((g["quantile"], g["miss_above_usd"]) for g in tuning.grid[2:]) == sorted((g["quantile"], 5.0)
+                                                                                         for g in fit)
+    if tuning.miss_above_usd is not None:  # a deadline value is kept only with a margin on misses
+        chosen = next(g for g in tuning.grid if g["miss_above_usd"] == tuning.miss_above_usd
+                      and g["quantile"] == tuning.quantile)
+        assert chosen["misses"] <= MISS_MARGIN * tuning.reference_misses
     assert set(report.targets) >= {"cost_ratio", "cloud_ratio", "misses_ok", "bound_ratio"}
     assert report.row("lower_bound").total_usd <= report.row("ours").total_usd
     paths = write_outputs([report], tmp_path / "out")
