@@ -10,8 +10,9 @@ recorded as failed while the others go on. A pruned trial ends after the epoch t
 and its slot takes the next trial at once: up to ``parallelism`` more trials are kept ready
 (asked, placed, their subflow runs started; ``hybridtrain.sweeps.slots``) and each takes a slot
 just before it trains, so a freed slot never waits for that per-trial API work. As trials end,
-the ``sweep-<job>`` table artifact is updated; at the end the best trial goes through evaluation and the promotion gates, with every
-trial's attempts in the promoted version's ledger line, and Optuna's plots go to MLflow.
+the ``sweep-<job>`` table artifact is updated; at the end the best trial goes through evaluation
+and the promotion gates, with every trial's attempts in the promoted version's ledger line, and
+Optuna's plots go to MLflow.
 """
 
 from __future__ import annotations
