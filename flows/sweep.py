@@ -7,9 +7,12 @@ by the engine with the sweep's job class (opportunistic: spot allowed) and train
 default), under the same recovery rules as any training: a preempted trial resumes from its
 checkpoint (here or re-placed), a real failure is retried, and a trial that fails for good is
 recorded as failed while the others go on. A pruned trial ends after the epoch the pruner named
-and its slot takes the next trial at once. As trials end, the ``sweep-<job>`` table artifact is
-updated; at the end the best trial goes through evaluation and the promotion gates, with every
-trial's attempts in the promoted version's ledger line, and Optuna's plots go to MLflow.
+and its slot takes the next trial at once: up to ``parallelism`` more trials are kept ready
+(asked, placed, their subflow runs started; ``hybridtrain.sweeps.slots``) and each takes a slot
+just before it trains, so a freed slot never waits for that per-trial API work. As trials end,
+the ``sweep-<job>`` table artifact is updated; at the end the best trial goes through evaluation
+and the promotion gates, with every trial's attempts in the promoted version's ledger line, and
+Optuna's plots go to MLflow.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from hybridtrain.governance.ledger import RUN_RECORD_ARTIFACT, RUN_RECORD_TAG, A
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.sweeps.plan import trial_placement_spec
 from hybridtrain.sweeps.results import SweepResults, TrialRow, attempt_cost
+from hybridtrain.sweeps.slots import Slot, SweepSlots, SweepStopping
 from hybridtrain.sweeps.space import SearchSpace
 from hybridtrain.sweeps.study import TrialTicket, storage_url
 from hybridtrain.sweeps.trial import TrialOutcome
@@ -77,11 +81,23 @@ def _trial_result_name(number: int, attempt: int) -> str:
     return f"sweep-trial-{number}-attempt-{attempt}"
 
 
+#: Seconds the sweep waits for its first trials to start training before it asks the ones it keeps ready.
+READY_WAIT_S = 60.0
+
+#: The slot of the trial whose subflow runs in this thread (in-process trials): its body takes it before training.
+_SLOT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("hybridtrain_sweep_slot", default=None)
+
+
 @flow(name="sweep-trial", flow_run_name="trial-{ticket.number}-attempt-{attempt}-at-{site}", log_prints=True)
 def sweep_trial(spec: JobSpec, approved: DatasetVersion, site: str, parent_run_id: str, storage: str, study: str,
                 ticket: TrialTicket, attempt: int = 1, workspace: str | None = None) -> TrialOutcome:
     """One attempt of one trial at ``site``: train with the trial's values, reporting each epoch to the study."""
     ws = run_workspace(workspace)
+    slot = _SLOT.get()
+    if slot is not None and not slot.held:
+        slot.take()  # ready (placed, this run started): train as soon as one of the sweep's slots is free
+        if slot.waited_s >= 1.0:
+            get_run_logger().info("trial %d: ready %.1f s before a slot was free", ticket.number, slot.waited_s)
     try:
         out = train_trial(ws, spec, approved, site, parent_run_id, storage, study, ticket)
     except Exception as exc:
@@ -89,19 +105,32 @@ def sweep_trial(spec: JobSpec, approved: DatasetVersion, site: str, parent_run_i
                            AttemptEnd.of(exc, site))
         raise
     stages.save_result(ws, parent_run_id, _trial_result_name(ticket.number, attempt), out)
+    if slot is not None:
+        slot.give_back()  # trained to its end: the next ready trial trains while this run's end is recorded
     return out
 
 
 def dispatch_trial(ws: Workspace, params: dict[str, Any], site: str, mode: Mode, timeout_s: float,
-                   parent_run_id: str) -> TrialOutcome:
-    """Run one attempt as a subflow run: in the site's pool (its deployment), or in this process."""
+                   parent_run_id: str, slot: Slot | None = None) -> TrialOutcome:
+    """Run one attempt as a subflow run: in the site's pool (its deployment), or in this process.
+
+    ``slot``: the trial's slot, taken before it trains — in this process by the subflow's body
+    (its run is created and started while the slots are still busy), for a pool before the run
+    is created (a worker starts a run as soon as it sees it).
+    """
     from prefect.deployments import run_deployment
 
     pool = ws.load_sites().get(site).work_pool
     name = deployment_name(sweep_trial, pool)
     inline = mode == "inline" or (mode == "auto" and not has_deployment(name))
     if inline:
-        return sweep_trial(**params, workspace=str(ws.root))
+        token = _SLOT.set(slot)
+        try:
+            return sweep_trial(**params, workspace=str(ws.root))
+        finally:
+            _SLOT.reset(token)
+    if slot is not None:
+        slot.take()
     ticket: TrialTicket = params["ticket"]
     payload = {k: v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v
                for k, v in params.items()}
@@ -144,22 +173,38 @@ class TrialRunner:
                 self.datasets[site] = synced.dataset
             return self.datasets[site]
 
-    def run(self, ticket: TrialTicket) -> TrialRow:
+    def run(self, ticket: TrialTicket, slot: Slot | None = None) -> TrialRow | None:
+        """Run ``ticket`` to its end; None when the sweep stopped before its ``slot`` was free (it did not train).
+
+        The trial gets ready (placed, data synced, subflow run started) before it takes ``slot``;
+        its attempts' billed seconds leave out the wait for the slot and start when it was taken.
+        """
         log = get_run_logger()
         from hybridtrain.sweeps.trial import run_key
 
         key = run_key(self.study, ticket.number)
         attempt_no = 0
         classes: dict[str, str] = {}
-        began: list[tuple[str, datetime, float]] = []  # (site, start, monotonic) of each attempt
+        began: list[tuple[str, datetime, float]] = []  # (site, start, clock) of each attempt
+        taken: dict[int, datetime] = {}  # attempt number -> when it took the slot (it started training then)
+
+        def clock() -> float:  # the trial's own time: the wait for a slot is not its work
+            return time.monotonic() - (slot.waited_s if slot is not None else 0.0)
 
         def attempt(site: str) -> TrialOutcome:
             nonlocal attempt_no
             attempt_no += 1
-            began.append((site, datetime.now(UTC), time.monotonic()))
+            began.append((site, datetime.now(UTC), clock()))
             params = {"spec": self.job, "approved": self.data_at(site), "site": site, "parent_run_id": self.run_id,
                       "storage": self.storage, "study": self.study, "ticket": ticket, "attempt": attempt_no}
-            return dispatch_trial(self.ws, params, site, self.mode, self.timeout_s, self.run_id)
+            held = slot is None or slot.held
+            try:
+                return dispatch_trial(self.ws, params, site, self.mode, self.timeout_s, self.run_id, slot)
+            finally:
+                if not held and slot is not None and slot.taken_at is not None:
+                    taken[attempt_no] = slot.taken_at
+                if slot is not None and slot.turn is not None:
+                    slot.requeue()  # ended before it trained: the trials ready behind it go first
 
         def replace(exclude: dict[str, str]) -> Placed:
             outcome = place(self.ws, self.placement_spec, self.approved.size, self.run_id, unavailable=exclude,
@@ -187,36 +232,39 @@ class TrialRunner:
         supervisor = Supervisor(job=f"{self.job.name}-trial-{ticket.number}", policy=self.job.recovery,
                                 attempt=attempt, place=replace,
                                 health=lambda: check_sites(self.ws, with_workers=self.mode != "inline"),
-                                move=move, on_attempt=on_attempt, on_wait=log.warning)
+                                move=move, on_attempt=on_attempt, on_wait=log.warning, clock=clock)
         first = replace({})
         decoded = SearchSpace(self.job.sweep.parameters).decode(ticket.params)
         try:
             out, where = supervisor.run(first)
+        except SweepStopping as exc:
+            log.info("%s", exc)
+            return None
         except Exception as exc:  # noqa: BLE001 - a failed trial is recorded (row, study, log) and the sweep goes on
             log.warning("trial %d failed: %s", ticket.number, exc)
-            attempts = self._attempts(supervisor.attempts)
+            attempts = self._attempts(supervisor.attempts, taken)
             if len(supervisor.attempts) < len(began):  # the last attempt ended in an error recovery does not retry
                 site, at, t0 = began[-1]
                 attempts.append(AttemptRecord(site=site, capacity_class=classes.get(site, first.capacity_class),
-                                              gpus=self.job.resources.gpus, seconds=time.monotonic() - t0,
-                                              outcome=AttemptOutcome.failed, started_at=at))
+                                              gpus=self.job.resources.gpus, seconds=clock() - t0,
+                                              outcome=AttemptOutcome.failed, started_at=taken.get(len(began), at)))
             last = supervisor.attempts[-1] if supervisor.attempts else None
             return TrialRow(trial=ticket.number, params=decoded, value=None, state="failed",
                             site=last.site if last else first.site,
                             capacity_class=last.capacity_class if last else first.capacity_class,
                             cost_usd=attempt_cost(self.sites, attempts, self.job.name),
                             seconds=sum(a.seconds for a in attempts), attempts=attempts, message=str(exc)[:500])
-        attempts = self._attempts(supervisor.attempts)
+        attempts = self._attempts(supervisor.attempts, taken)
         return TrialRow(trial=ticket.number, params=decoded, value=out.value, state=out.state, site=where.site,
                         capacity_class=where.capacity_class, cost_usd=attempt_cost(self.sites, attempts, self.job.name),
                         epochs=out.epochs, seconds=sum(a.seconds for a in supervisor.attempts),
                         train_seconds=out.seconds, attempts=attempts, message=out.message)
 
-    def _attempts(self, attempts: list[Attempt]) -> list[AttemptRecord]:
+    def _attempts(self, attempts: list[Attempt], taken: dict[int, datetime]) -> list[AttemptRecord]:
         outcome = {Outcome.succeeded: AttemptOutcome.succeeded, Outcome.preempted: AttemptOutcome.preempted}
         return [AttemptRecord(site=a.site, capacity_class=a.capacity_class, gpus=self.job.resources.gpus,
                               seconds=a.seconds, outcome=outcome.get(a.outcome, AttemptOutcome.failed),
-                              started_at=a.started_at) for a in attempts]
+                              started_at=taken.get(a.number, a.started_at)) for a in attempts]
 
 
 @flow(name="hyperparameter-sweep", log_prints=True)
@@ -266,33 +314,55 @@ def sweep(
         log.info("sweep %s: %d trials to run (%d ended before), %d at a time, storage %s", study_name, remaining,
                  done_before, sw.parallelism, url.split("@")[-1])
         failed = 0
+        slots = SweepSlots(sw.parallelism)
+        ahead = sw.parallelism  # trials kept ready (asked, placed, subflow run started) beside the training ones
         trials_started = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=sw.parallelism, thread_name_prefix="trial") as pool:
+        with ThreadPoolExecutor(max_workers=sw.parallelism + ahead, thread_name_prefix="trial") as pool:
             running: dict[Future, TrialTicket] = {}
             asked = 0
+            stop = False
+
+            def one(ticket: TrialTicket, slot: Slot) -> TrialRow | None:
+                try:
+                    return runner.run(ticket, slot)
+                finally:
+                    slot.give_back()  # before the parent hears of the end: a ready trial takes it at once
 
             def submit() -> None:
                 nonlocal asked
                 ticket = study.ask()
                 asked += 1
+                slot = slots.slot(ticket.number)  # in line for a slot in the order trials are asked
                 ctx = contextvars.copy_context()  # the trial's subflow runs under this flow run
-                running[pool.submit(ctx.run, runner.run, ticket)] = ticket
+                running[pool.submit(ctx.run, one, ticket, slot)] = ticket
 
             while asked < min(sw.parallelism, remaining):
+                submit()
+            # The trials kept ready are asked once the first ones train: starting all at once, their runs' API
+            # work would contend with the first ones' on the Prefect server (503s on a busy SQLite one).
+            slots.wait_all_taken(timeout_s=READY_WAIT_S)
+            while asked < min(sw.parallelism + ahead, remaining):
                 submit()
             while running:
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 ended = []
-                # A freed slot takes its next trial first (tell, then ask: the sampler sees the result); the
-                # table artifact and the log, API calls that can take seconds on a busy server, come after.
+                # The next trial is asked first (tell, then ask: the sampler sees the result) and gets ready while
+                # the slots train; the table artifact and the log, API calls that can take seconds on a busy
+                # server, come after.
                 for fut in finished:
                     ticket = running.pop(fut)
                     row = fut.result()
+                    if row is None:  # ready, but the sweep stopped before a slot was free: it did not train
+                        study.tell(ticket, "failed")
+                        continue
                     study.tell(ticket, row.state, row.value)
                     results.add(row)
                     failed += row.state == "failed"
                     ended.append(row)
-                    stop = sw.max_failed_trials is not None and failed > sw.max_failed_trials
+                    if not stop and sw.max_failed_trials is not None and failed > sw.max_failed_trials:
+                        stop = True
+                        slots.stop(f"{failed} trials failed, more than sweep.max_failed_trials "
+                                   f"({sw.max_failed_trials})")
                     if asked < remaining and not stop:
                         submit()
                 for row in ended:
