@@ -117,12 +117,13 @@ def human_bytes(nbytes: float) -> str:
 
 
 class TransferProgress:
-    """Reports a transfer's bytes as they move (``sync`` step events): at most one event per
-    ``step`` of the whole (5 %) or per ``every_s`` seconds, and always the last one (all files stored). Feed it
+    """Reports a transfer's bytes as they move (``sync`` step events): an event per ``step`` of the whole
+    (a quarter) or per ``every_s`` seconds (10), and always the last one (all files stored); few enough
+    lines for a run log, while the progress artifact and the CLI bar follow every event. Feed it
     ``update(files done, files, bytes done, bytes)`` — the shape of ``DvcRepo.push``'s
     ``on_progress`` — and it reports ``sync 1.2 MiB of 4.8 MiB (3/12 files) ... 1.4 MiB/s``."""
 
-    def __init__(self, stage: str, source: str, destination: str, step: float = 0.05, every_s: float = 2.0,
+    def __init__(self, stage: str, source: str, destination: str, step: float = 0.25, every_s: float = 10.0,
                  clock: Any = time.perf_counter):
         self.stage, self.source, self.destination = stage, source, destination
         self.step, self.every_s, self.clock = step, every_s, clock

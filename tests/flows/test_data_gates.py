@@ -58,7 +58,7 @@ def test_bad_data_stops_before_sync_and_registration(root, case, make, spec_chan
     from hybridtrain.workspace import Workspace
 
     ws = Workspace.resolve(root)
-    client = MlflowClient(ws.tracking_uri)
+    client = MlflowClient(ws.tracking_uri, registry_uri=ws.tracking_uri)
     assert client.search_model_versions(f"name='{case}-model'") == []
 
 

@@ -1,10 +1,12 @@
 """The sweep flow on a real Prefect server, MLflow and DVC: trials as subflow runs, real Optuna storage, real pruning.
 
-One sweep of 4 trials, 2 at a time, with the trials' values enqueued in the study beforehand (as
-``study.enqueue_trial`` lets a user seed a sweep), so each trial's fate is known: a good one
-completes, one whose values the model refuses (a dropout of 1.5, enqueued by hand outside the
-sweep's range) fails without stopping the sweep, one with a learning rate too small to learn in an epoch is pruned by the median pruner
-early, and a last good one completes. The best goes through the gates.
+One sweep of 4 trials, one at a time, with the trials' values enqueued in the study beforehand (as
+``study.enqueue_trial`` lets a user seed a sweep), so each trial's fate is known whatever the timing: a good
+one completes, one whose values the model refuses (a dropout of 1.5, enqueued by hand outside the sweep's
+range) fails without stopping the sweep, a second good one completes, and one with a learning rate too small
+to learn in an epoch is pruned by the median pruner early. The best goes through the gates. (Trials side by
+side: ``tests/unit/test_sweep_slots.py`` and, in two pools, ``tests/integration/test_sweep_pools.py``; with
+two slots here, trials 2 and 3 ran together in CI and 3 finished before the pruner had its two trials.)
 """
 
 from __future__ import annotations
@@ -18,16 +20,14 @@ from tests.fixtures.workspaces import build_workspace, spec_writer
 pytestmark = pytest.mark.slow
 
 SWEEP = {
-    "n_trials": 4, "parallelism": 2, "study_name": "flow-sweep",
+    "n_trials": 4, "parallelism": 1, "study_name": "flow-sweep",
     "sampler": {"name": "random", "seed": 3},
     "pruner": {"name": "median", "warmup_epochs": 1, "startup_trials": 2},
     "parameters": {"learning_rate": {"type": "float", "low": 1e-6, "high": 0.1, "log": True},
                    "dropout": {"type": "float", "low": 0.0, "high": 0.5}},
 }
-# Trials 0 and 1 start together; 2 takes 1's slot when it fails; 3 starts when 0 or 2 has completed.
-# The pruner starts after two finished trials: 0 and 2 run side by side, so whichever finishes first
-# must not prune the other (two good trials' curves cross in either order); once both are done,
-# trial 3, far behind both, is pruned at its next report, long before its 3 epochs.
+# One at a time: the pruner starts after two finished trials (0 and 2, the failed 1 does not count), so
+# neither good trial can be pruned, and trial 3, far behind both, is pruned at its first report after warm-up.
 ENQUEUED = [
     {"learning_rate": 0.01, "dropout": 0.1},       # 0: completes
     {"learning_rate": 0.01, "dropout": 1.5},       # 1: the model refuses it -> failed

@@ -139,7 +139,7 @@ def test_the_drill_is_recorded_in_mlflow(drilled):
     from mlflow import MlflowClient
 
     ws, report, _ = drilled
-    client = MlflowClient(tracking_uri=ws.tracking_uri)
+    client = MlflowClient(tracking_uri=ws.tracking_uri, registry_uri=ws.tracking_uri)
     run = client.get_run(report.mlflow_run_id)
     assert client.get_experiment(run.info.experiment_id).name == EXPERIMENT
     for s in report.scenarios:

@@ -155,6 +155,7 @@ def test_killed_run_leaves_no_server_and_is_marked_crashed(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.search(rf"marked stale run \S+ \(\S+\) CRASHED: its process \(pid {proc.pid} on ", out.stderr), out.stderr
     assert [state for _, state, _ in prefect_runs(root)] == ["CRASHED"]
-    client = MlflowClient(f"sqlite:///{root / '.hybridtrain' / 'mlflow' / 'mlflow.db'}")
+    uri = f"sqlite:///{root / '.hybridtrain' / 'mlflow' / 'mlflow.db'}"
+    client = MlflowClient(uri, registry_uri=uri)
     runs = client.search_runs([client.get_experiment_by_name("hybridtrain").experiment_id])
     assert [(r.info.status, "pid" in r.data.tags.get("hybridtrain.crashed", "")) for r in runs] == [("KILLED", True)]

@@ -167,7 +167,9 @@ def test_a_lifecycle_runs_across_sites_that_share_no_checkout(control_plane):
         wait_until(lambda r=r: pulled(r.id), f"{r.name}'s log to show the git_clone pull step", timeout=60, every=1.0)
 
     # The model is in the shared MLflow server, trained at the cloud site from the deployed code.
-    mlflow = MlflowClient(stack.mlflow_url)  # search on a PostgreSQL store returns versions without their tags
+    # registry_uri too: a client without one uses the registry mlflow.set_registry_uri set in this process (an
+    # earlier test's workspace), not its tracking URI
+    mlflow = MlflowClient(stack.mlflow_url, registry_uri=stack.mlflow_url)
     versions = [mlflow.get_model_version(v.name, v.version)
                 for v in mlflow.search_model_versions("name = 'churn-classifier'")]
     assert [v.tags.get("hybridtrain.site") for v in versions] == ["cloud-eu"], [(v.version, v.run_id, v.source, v.tags)

@@ -96,7 +96,7 @@ def test_any_trace_directory_job_file_regimes_and_seeds_with_plots_in_mlflow(tmp
 
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}", registry_uri=f"sqlite:///{db}")
     exp = client.get_experiment_by_name("hybridtrain-simulate")
     (run_info,) = client.search_runs([exp.experiment_id])
     assert any(k.startswith("tight_") and k.endswith("cost_ratio_mean") for k in run_info.data.metrics)
