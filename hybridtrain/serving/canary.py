@@ -106,6 +106,13 @@ class LiveStats:
             while len(self.scores) > self.window:
                 self.scores.popleft()
 
+    def reset(self) -> None:
+        """Forget the window: a canary compares the two versions on the same requests, those since it started."""
+        with self.lock:
+            self.latencies_ms.clear()
+            self.errors.clear()
+            self.scores.clear()
+
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             lat = np.array(self.latencies_ms, dtype=float)

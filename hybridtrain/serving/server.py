@@ -226,12 +226,16 @@ class ModelServer:
             if (current.version, canary.version if canary else None) == (
                     old.current.version, old.canary.version if old.canary else None):
                 return False
+            starting = canary is not None and (old.canary is None or old.canary.version != canary.version)
+            if starting:  # judged on the same traffic: both windows start with the canary, not before it
+                current.stats.reset()
+                canary.stats.reset()
             # Loaded beside the old routing; this one assignment is the switch.
             self.routing = Routing(current, canary, plan)
             if current.version != old.current.version:
                 self._input_schema = current.model.metadata.get_input_schema()
                 self._record_switch(old.current, current)
-            if canary is not None and (old.canary is None or old.canary.version != canary.version):
+            if starting:
                 self._record_canary_routing(current, canary, plan)
             return True
 

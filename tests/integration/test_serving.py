@@ -242,6 +242,9 @@ def test_canary_of_a_healthy_version_is_promoted_by_the_server(env, onprem):
     _canary(env, good)
     versions = _drive_until_concluded(onprem)
     assert {v1, good} <= set(versions)
+    verdicts = [(r.outcome, r.inputs.get("reasons")) for r in AuditLog.in_workspace(env["root"]).records()
+                if r.action == "canary"]
+    assert verdicts and verdicts[-1][0].startswith("promoted:"), verdicts
     wait_for(lambda: version_of(onprem)["version"] == good, what="the promoted canary to be served")
     assert env["targets"]["onprem-serving"].current(MODEL) == good
     assert env["targets"]["cloud-serving"].current(MODEL) == v1  # a canary goes to one target only

@@ -77,3 +77,14 @@ def test_start_and_conclude_move_pointers_and_are_audited(tmp_path):
                         "started: 10% of edge-serving's requests go to v2, v1 keeps the rest",
                         "promoted: edge-serving serves v2 (was v1)"]
     assert audit.verify().ok
+
+
+def test_reset_starts_a_fresh_window_for_a_canary():
+    s = LiveStats()
+    s.record(3.0, False, [0.9, 0.8])
+    s.record(4.0, True)
+    s.reset()
+    assert s.snapshot()["requests"] == 0 and s.snapshot()["scores"].size == 0
+    s.record(1.0, False, [0.1])
+    snap = s.snapshot()
+    assert (snap["requests"], snap["error_rate"], list(snap["scores"])) == (1, 0.0, [0.1])
