@@ -22,28 +22,10 @@ from hybridtrain.datasets.leak_scan import LeakReport, LeakScan
 from hybridtrain.datasets.sample_data import generate_churn
 from hybridtrain.errors import LeakDetected
 from hybridtrain.specs.job import JobSpec, load_spec, parse_spec
+from tests.fixtures.anonymizer_specs import make_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = b"leak-scan-test-key-0123456789abc"
-
-
-def make_spec(columns: dict[str, str], sensitive: dict[str, dict[str, Any]], **extra: Any) -> JobSpec:
-    """A minimal valid spec over ``columns`` plus a label and one numeric feature."""
-    return parse_spec(
-        {
-            "apiVersion": "hybridtrain/v1",
-            "metadata": {"name": "unit"},
-            "dataset": {"path": "data/raw/unit.csv", "md5": "0" * 32, "site": "onprem-dc1"},
-            "schema": {
-                "columns": {**columns, "feature": "float", "label": "int"},
-                "label": "label",
-                "entity_key": next(iter(columns)),
-            },
-            "sensitive": {"columns": sensitive, **extra},
-            "model": {"features": {"numeric": ["feature"]}},
-            "registry": {"model_name": "unit"},
-        }
-    )
 
 
 def without_k(spec: JobSpec) -> JobSpec:
