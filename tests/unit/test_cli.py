@@ -57,7 +57,8 @@ def test_worker_refuses_a_pool_the_sites_catalog_lacks(workspace, monkeypatch):
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # never reached: refused before
     result = runner.invoke(app, ["worker", "--pool", "gpu", "--home", str(workspace)])
     assert result.exit_code == 2
-    assert "--pool 'gpu' is not a pool of" in result.output and "(pools: cloud, onprem)" in result.output
+    text = " ".join(result.output.split())  # the console wraps a long workspace path
+    assert "--pool 'gpu' is not a pool of" in text and "(pools: cloud, onprem)" in text
 
 
 def test_deploy_with_a_code_repo_for_an_unknown_pool_names_the_pools(workspace, monkeypatch):
