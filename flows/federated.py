@@ -10,7 +10,10 @@ registered and promoted through the usual gates. A site's step that fails, has n
 ``round_timeout_s`` after it was submitted, or whose pool has had no live worker for
 ``site_lost_s`` (the site went down, its worker and the step's process with it) drops that site
 from the step — its flow run is cancelled, so a worker that comes back does not run a stale
-round — and the site is asked again next round. Why not Flower: see README ("Federated training").
+round — and the site is asked again next round. An aggregator that is run again with the same run key (after
+it crashed) resumes after the last committed round and adopts the site steps its predecessor had submitted
+that are still scheduled, running or done, instead of training them again. Why not Flower: see README
+("Federated training").
 """
 
 from __future__ import annotations
@@ -170,8 +173,7 @@ class PoolSites:
                 return step.fn(**params, workspace=str(self.ws.root))
             payload = {k: v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v
                        for k, v in params.items()}
-            run = _retrying(deadline, lambda: run_deployment(
-                name, parameters=payload, timeout=0, idempotency_key=f"{self.attempt}:{tag}", as_subflow=False))
+            run = self._submit(name, payload, tag, deadline)
         except HybridtrainError as exc:
             return f"{type(exc).__name__}: {exc}"
         except Exception as exc:
@@ -185,7 +187,25 @@ class PoolSites:
             return lost
         if not state.is_completed():
             return f"flow run {run.id} ended {state.name}: {state.message or ''}".strip()
-        return stages.load_result(self.ws, self.run_id, tag, result)
+        # An adopted step (submitted by an earlier aggregator of this run key) saved its result in that attempt's run.
+        return stages.load_result(self.ws, run.parameters.get("run_id", self.run_id), run.parameters.get("tag", tag),
+                                  result)
+
+    def _submit(self, name: str, payload: dict[str, Any], tag: str, deadline: float) -> FlowRun:
+        """The step's flow run: the one an earlier aggregator of this run key submitted, when it is still
+        scheduled, running or completed (a restarted aggregator adopts the round in flight instead of training it
+        again), else a new one. Keyed by job, run key and tag, so it is also idempotent against API retries."""
+        first = _retrying(deadline, lambda: run_deployment(
+            name, parameters=payload, timeout=0, idempotency_key=f"{self.spec.name}:{self.run_key}:{tag}", as_subflow=False))
+        if first.parameters.get("run_id") == self.run_id:
+            return first  # this aggregator's own
+        if first.state is not None and (first.state.is_completed() or not first.state.is_final()):
+            log.warning("adopting %s (flow run %s, %s) submitted by an earlier aggregator of run key %s", tag, first.id,
+                     first.state.name, self.run_key)
+            return first
+        return _retrying(deadline, lambda: run_deployment(
+            name, parameters=payload, timeout=0, idempotency_key=f"{self.spec.name}:{self.run_key}:{tag}:{self.attempt}",
+            as_subflow=False))
 
     def _cancel(self, run: FlowRun) -> None:
         """Cancel a dropped step's run, so a worker that comes back does not run a stale step."""
@@ -250,7 +270,8 @@ class PoolSites:
     def evaluate(self, rnd: int, approved: dict[str, DatasetVersion],
                  featurizer: dict) -> dict[str, steps.SiteEvaluation | str]:
         params = {s: {"rnd": rnd, "approved": v, "featurizer": featurizer} for s, v in approved.items()}
-        return self._each(federated_evaluate, steps.SiteEvaluation, sorted(approved), "fed-evaluate", params)
+        return self._each(federated_evaluate, steps.SiteEvaluation, sorted(approved), f"fed-evaluate-r{rnd}",
+                          params)
 
 
 class FederatedSummary(BaseModel):

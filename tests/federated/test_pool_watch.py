@@ -1,6 +1,10 @@
-"""PoolSites' fault rules without a server: which site pools count as down, and API calls tried again while busy."""
+"""PoolSites' fault rules without a server: which site pools count as down, API calls tried again while busy, and
+which steps a restarted aggregator adopts."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
+from uuid import uuid4
 
 import httpx
 import pytest
@@ -53,3 +57,49 @@ def test_errors_that_are_not_transient_or_past_the_deadline_are_raised(monkeypat
         _retrying(float("inf"), lambda: (_ for _ in ()).throw(busy(404)))
     with pytest.raises(httpx.HTTPStatusError):
         _retrying(0.0, lambda: (_ for _ in ()).throw(busy(503)))
+
+
+class FakeDeployments:
+    """``run_deployment`` as the Prefect server answers it: one flow run per idempotency key."""
+
+    def __init__(self):
+        self.runs: dict[str, object] = {}
+
+    def __call__(self, name, parameters, timeout, idempotency_key, as_subflow):
+        from prefect.client.schemas.objects import FlowRun
+        from prefect.states import Scheduled
+
+        if idempotency_key not in self.runs:
+            self.runs[idempotency_key] = FlowRun(flow_id=uuid4(), name=parameters["tag"], parameters=parameters,
+                                                 state=Scheduled())
+        return self.runs[idempotency_key]
+
+
+def aggregator(run_id: str, attempt: str):
+    from flows.federated import PoolSites
+
+    sites = object.__new__(PoolSites)
+    sites.spec = SimpleNamespace(name="fedjob")
+    sites.run_id, sites.run_key, sites.attempt = run_id, "nightly", attempt
+    return sites
+
+
+@pytest.mark.parametrize(("earlier", "adopted"), [("running", True), ("completed", True), ("cancelled", False),
+                                                  ("failed", False)])
+def test_a_restarted_aggregator_adopts_the_steps_in_flight_and_resubmits_the_dropped(monkeypatch, earlier, adopted):
+    from prefect.states import Cancelled, Completed, Failed, Running
+
+    fake = FakeDeployments()
+    monkeypatch.setattr("flows.federated.run_deployment", fake)
+    first = aggregator("mlflow-run-1", "flow-run-1")
+    params = {"tag": "fed-round-2-dc1", "run_id": "mlflow-run-1"}
+    mine = first._submit("federated-round/onprem", params, "fed-round-2-dc1", float("inf"))
+    assert first._submit("federated-round/onprem", params, "fed-round-2-dc1", float("inf")) is mine  # API retry
+    mine.state = {"running": Running, "completed": Completed, "cancelled": Cancelled, "failed": Failed}[earlier]()
+
+    again = aggregator("mlflow-run-2", "flow-run-2")  # the same job and run key, after a crash
+    run = again._submit("federated-round/onprem", {**params, "run_id": "mlflow-run-2"}, "fed-round-2-dc1",
+                        float("inf"))
+    assert (run is mine) == adopted
+    if not adopted:
+        assert run.parameters["run_id"] == "mlflow-run-2" and run.state.is_scheduled()
