@@ -22,7 +22,6 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -46,11 +45,17 @@ from hybridtrain.specs.job import JobSpec
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.workspace import Workspace
 from orchestration.context import run_workspace
-from orchestration.dispatch import Mode, deployment_name, has_deployment, heartbeat_lags, transient_api_error
+from orchestration.dispatch import (
+    Mode,
+    deployment_name,
+    has_deployment,
+    heartbeat_lags,
+    retry_transient,
+    transient_api_error,
+)
 from tasks.federated import evaluate_site, prepare_site, train_round
 
 R = TypeVar("R", bound=BaseModel)
-T = TypeVar("T")
 POLL_S = 1.0
 POLL_MAX_S = 5.0
 #: How often the sites' pools' worker heartbeats are read (once for all sites' waits).
@@ -58,21 +63,6 @@ LIVENESS_REFRESH_S = 5.0
 CANCEL_TRIES_S = 60.0
 #: Under ``hybridtrain`` so that its lines reach the run's log in Prefect (``PREFECT_LOGGING_EXTRA_LOGGERS``).
 log = logging.getLogger("hybridtrain.federated.pools")
-
-
-def _retrying(deadline: float, call: Callable[[], T]) -> T:
-    """``call()``, again after a transient Prefect API error (with a growing pause) until ``deadline``."""
-    delay = POLL_S
-    while True:
-        try:
-            return call()
-        except Exception as exc:
-            if not transient_api_error(exc) or time.monotonic() + delay >= deadline:
-                raise
-            log.warning("the Prefect API did not answer (%s: %s); asking again in %.0f s", type(exc).__name__,
-                        str(exc)[:200], delay)
-        time.sleep(delay)
-        delay = min(delay * 2, 30.0)
 
 
 @flow(name="federated-prepare", flow_run_name="fed-prepare-{site}", log_prints=True)
@@ -195,17 +185,18 @@ class PoolSites:
         """The step's flow run: the one an earlier aggregator of this run key submitted, when it is still
         scheduled, running or completed (a restarted aggregator adopts the round in flight instead of training it
         again), else a new one. Keyed by job, run key and tag, so it is also idempotent against API retries."""
-        first = _retrying(deadline, lambda: run_deployment(
-            name, parameters=payload, timeout=0, idempotency_key=f"{self.spec.name}:{self.run_key}:{tag}", as_subflow=False))
+        first = retry_transient(deadline, lambda: run_deployment(
+            name, parameters=payload, timeout=0, idempotency_key=f"{self.spec.name}:{self.run_key}:{tag}", as_subflow=False),
+            log)
         if first.parameters.get("run_id") == self.run_id:
             return first  # this aggregator's own
         if first.state is not None and (first.state.is_completed() or not first.state.is_final()):
             log.warning("adopting %s (flow run %s, %s) submitted by an earlier aggregator of run key %s", tag, first.id,
                      first.state.name, self.run_key)
             return first
-        return _retrying(deadline, lambda: run_deployment(
+        return retry_transient(deadline, lambda: run_deployment(
             name, parameters=payload, timeout=0, idempotency_key=f"{self.spec.name}:{self.run_key}:{tag}:{self.attempt}",
-            as_subflow=False))
+            as_subflow=False), log)
 
     def _cancel(self, run: FlowRun) -> None:
         """Cancel a dropped step's run, so a worker that comes back does not run a stale step."""
@@ -213,7 +204,7 @@ class PoolSites:
             with get_client(sync_client=True) as client:
                 client.set_flow_run_state(run.id, Cancelled(message="dropped from the federated round"), force=True)
         try:
-            _retrying(time.monotonic() + CANCEL_TRIES_S, cancel)
+            retry_transient(time.monotonic() + CANCEL_TRIES_S, cancel, log)
         except Exception as exc:
             if not transient_api_error(exc):
                 raise

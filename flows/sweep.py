@@ -47,7 +47,7 @@ from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.training.recovery import Attempt, Outcome, Placed, Supervisor
 from hybridtrain.workspace import Workspace
 from orchestration.context import run_workspace
-from orchestration.dispatch import Mode, deployment_name, has_deployment, run_stage, workers_online
+from orchestration.dispatch import Mode, deployment_name, has_deployment, retry_transient, run_stage, workers_online
 from tasks.health import check_sites
 from tasks.placement import place
 from tasks.sweep import evaluate_best, open_study, publish_plots, train_trial
@@ -83,6 +83,8 @@ def _trial_result_name(number: int, attempt: int) -> str:
 
 #: Seconds the sweep waits for its first trials to start training before it asks the ones it keeps ready.
 READY_WAIT_S = 60.0
+#: How long a trial's attempt asks a Prefect API that does not answer again before the attempt fails.
+API_RETRY_S = 300.0
 
 #: The slot of the trial whose subflow runs in this thread (in-process trials): its body takes it before training.
 _SLOT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("hybridtrain_sweep_slot", default=None)
@@ -116,8 +118,18 @@ def dispatch_trial(ws: Workspace, params: dict[str, Any], site: str, mode: Mode,
 
     ``slot``: the trial's slot, taken before it trains — in this process by the subflow's body
     (its run is created and started while the slots are still busy), for a pool before the run
-    is created (a worker starts a run as soon as it sees it).
+    is created (a worker starts a run as soon as it sees it). A Prefect API that does not answer
+    for now (a busy server's 503, a refused connection) is asked again for up to ``API_RETRY_S``:
+    in a pool the same flow run comes back (its idempotency key), in this process the attempt
+    starts again and resumes from the trial's checkpoint. It does not fail the trial.
     """
+    return retry_transient(time.monotonic() + API_RETRY_S,
+                           lambda: _dispatch_once(ws, params, site, mode, timeout_s, parent_run_id, slot),
+                           get_run_logger())
+
+
+def _dispatch_once(ws: Workspace, params: dict[str, Any], site: str, mode: Mode, timeout_s: float,
+                   parent_run_id: str, slot: Slot | None) -> TrialOutcome:
     from prefect.deployments import run_deployment
 
     pool = ws.load_sites().get(site).work_pool

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -81,6 +82,27 @@ def transient_api_error(exc: BaseException) -> bool:
     if isinstance(exc, httpx.HTTPStatusError):
         return exc.response.status_code >= 500 or exc.response.status_code == 429
     return isinstance(exc, httpx.TransportError)
+
+
+T = TypeVar("T")
+
+
+def retry_transient(deadline: float, call: Callable[[], T],
+                    log: logging.Logger | logging.LoggerAdapter | None = None) -> T:
+    """``call()``, again after a transient Prefect API error (``transient_api_error``), with a pause growing
+    from ``POLL_S`` to 30 s, until ``deadline`` (``time.monotonic``); anything else, or past it, is raised."""
+    delay = POLL_S
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if not transient_api_error(exc) or time.monotonic() + delay >= deadline:
+                raise
+            (log or logging.getLogger("hybridtrain.dispatch")).warning(
+                "the Prefect API did not answer (%s: %s); asking again in %.0f s", type(exc).__name__,
+                str(exc)[:200], delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 30.0)
 
 
 def has_deployment(name: str) -> bool:

@@ -9,7 +9,8 @@ from uuid import uuid4
 import httpx
 import pytest
 
-from flows.federated import PoolWatch, _retrying
+from flows.federated import PoolWatch
+from orchestration.dispatch import retry_transient
 
 ALLOWED = 15.0  # three 5-s heartbeat intervals
 
@@ -39,7 +40,7 @@ def busy(status: int = 503) -> httpx.HTTPStatusError:
 
 
 def test_a_busy_api_is_asked_again_until_it_answers(monkeypatch):
-    monkeypatch.setattr("flows.federated.time.sleep", lambda s: None)
+    monkeypatch.setattr("orchestration.dispatch.time.sleep", lambda s: None)
     answers = iter([busy(), httpx.ConnectError("refused"), "run"])
 
     def call():
@@ -48,15 +49,15 @@ def test_a_busy_api_is_asked_again_until_it_answers(monkeypatch):
             raise a
         return a
 
-    assert _retrying(float("inf"), call) == "run"
+    assert retry_transient(float("inf"), call) == "run"
 
 
 def test_errors_that_are_not_transient_or_past_the_deadline_are_raised(monkeypatch):
-    monkeypatch.setattr("flows.federated.time.sleep", lambda s: None)
+    monkeypatch.setattr("orchestration.dispatch.time.sleep", lambda s: None)
     with pytest.raises(httpx.HTTPStatusError):
-        _retrying(float("inf"), lambda: (_ for _ in ()).throw(busy(404)))
+        retry_transient(float("inf"), lambda: (_ for _ in ()).throw(busy(404)))
     with pytest.raises(httpx.HTTPStatusError):
-        _retrying(0.0, lambda: (_ for _ in ()).throw(busy(503)))
+        retry_transient(0.0, lambda: (_ for _ in ()).throw(busy(503)))
 
 
 class FakeDeployments:
