@@ -3,8 +3,11 @@
 ``run_ablation`` runs ``comparison.run_comparison`` twice on the same workload, seed, deadlines and
 on-prem capacity: once under the policy file (the rule in force), once under a second file that
 relaxes it (e.g. ``data/traces/simulation-policy-spot-allowed.yaml``: production and standard jobs
-may use spot). Each side tunes our policy on its own tuning half and replays *every* contender
-under its own policy file, so each baseline family obeys the same rules as we do on that side:
+may use spot). By default the relaxed side keeps the setting our policy was tuned to with the rule
+(duration quantiles, what a deadline is worth), so the rule is the only difference; ``retune=True``
+tunes it again under the relaxed policy (each side at its own best operating point, which can trade
+misses for dollars differently). Each side replays *every* contender under its own policy file, so
+each baseline family obeys the same rules as we do on that side:
 
 - the threshold-burst family bursts to on-demand only, so its frontier — on which ``cost ×ref``
   and ``cloud ×ref`` read the reference at our misses — is the same on both sides
@@ -73,10 +76,12 @@ class Ablation:
 
 
 def run_ablation(relaxed_policy: Path | str = SPOT_ALLOWED_POLICY, *, policy_path: Path | str = SIM_POLICY,
-                 tunings: tuple[Tuning | None, Tuning | None] = (None, None), **kwargs) -> Ablation:
+                 tunings: tuple[Tuning | None, Tuning | None] = (None, None), retune: bool = False,
+                 **kwargs) -> Ablation:
     """``run_comparison(**kwargs)`` under ``policy_path`` and under ``relaxed_policy`` (see the module docstring).
 
-    ``tunings``: each side's setting chosen earlier (e.g. on the first seed), None to tune here.
+    ``tunings``: each side's setting chosen earlier (e.g. on the first seed), None to tune here;
+    without ``retune`` the relaxed side takes the strict side's setting (its own is ignored).
     The relaxed policy must declare every job class of the policy.
     """
     policy, relaxed = Policy.load(policy_path), Policy.load(relaxed_policy)
@@ -87,7 +92,8 @@ def run_ablation(relaxed_policy: Path | str = SPOT_ALLOWED_POLICY, *, policy_pat
     classes = relaxed_classes(policy, relaxed)
     strict = run_comparison(policy_path=policy_path, tuning=tunings[0], **kwargs)
     kwargs = {**kwargs, "capacity": strict.capacity, "load": None}  # the same pool, whatever the load rounding
-    return Ablation(strict, run_comparison(policy_path=relaxed_policy, tuning=tunings[1], **kwargs), classes)
+    tuning = tunings[1] if retune else strict.tuning
+    return Ablation(strict, run_comparison(policy_path=relaxed_policy, tuning=tuning, **kwargs), classes)
 
 
 def _mean_worst(vals: Sequence[float]) -> tuple[float, float]:

@@ -39,6 +39,7 @@ def test_both_sides_replay_the_same_workload_against_the_same_threshold_burst_re
     s, r = ablation.strict, ablation.relaxed
     assert (s.capacity, s.seed, s.deadlines, s.demand_ratio) == (r.capacity, r.seed, r.deadlines, r.demand_ratio)
     assert s.row("ours").jobs == r.row("ours").jobs
+    assert r.tuning == s.tuning  # our setting as tuned with the rule: the rule is the only difference
     # threshold burst never uses spot: its settings — the frontier the reference is read on — are unchanged
     for name in ("threshold_0", "threshold_2", "threshold_8", "cloud_on_demand", "onprem_fifo"):
         assert (s.row(name).total_usd, s.row(name).misses) == pytest.approx((r.row(name).total_usd, r.row(name).misses))
