@@ -15,10 +15,17 @@ misses. Prints, per regime and load, the mean and worst over seeds of:
 
 Then each goal line of the issue (part 4) per regime and load, PASS only if the worst seed meets it.
 
+With ``--relaxed-policy [FILE]`` (default file: ``simulation-policy-spot-allowed.yaml``, production
+and standard jobs may use spot) every run is repeated under FILE, every contender included, and a
+second table shows per regime and load our numbers with the rule and without it and what the rule
+costs in dollars (``hybridtrain.simulation.ablation``; our policy keeps the setting tuned with the
+rule unless ``--retune-relaxed``); the goal lines and headline stay those of the policy with the rule.
+
 Last line: ``placement_cost_ratio_at_1_5x: X (target <= 0.80)`` — X is the worse of the two regimes'
 mean cost ×ref at the highest load given (≥ 1.5), on the spot traces given.
 
 Run: .venv/bin/python benchmarks/simulate_trace.py [--seeds 5] [--loads 1.1 1.5] [--spot-traces DIR] [--policy FILE]
+     [--relaxed-policy [FILE]]
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hybridtrain.simulation.ablation import SPOT_ALLOWED_POLICY, ablation_rows, format_rows, run_ablation  # noqa: E402
 from hybridtrain.simulation.comparison import SIM_POLICY, run_comparison  # noqa: E402
 from hybridtrain.simulation.traces import SPOT_DIR  # noqa: E402
 
@@ -74,16 +82,33 @@ def main() -> None:
                         help="threshold-burst settings N (cloud_on_demand and onprem_fifo are always there)")
     parser.add_argument("--spot-limits", type=int, nargs="+", default=[4, 32], help="spot-burst settings N > 0")
     parser.add_argument("--json", type=Path, default=None, help="also write every report here (JSON)")
+    parser.add_argument("--relaxed-policy", type=Path, nargs="?", const=SPOT_ALLOWED_POLICY, default=None,
+                        help="also replay under this policy (one rule relaxed) and show what the rule costs "
+                             f"(no FILE: {SPOT_ALLOWED_POLICY.name})")
+    parser.add_argument("--retune-relaxed", action="store_true",
+                        help="tune our policy again under --relaxed-policy (default: keep the setting tuned with the rule)")
     args = parser.parse_args()
     t0 = time.perf_counter()
     groups: dict[tuple[str, float], list] = defaultdict(list)
+    ablations = []
     for regime in args.regimes:
         for load in args.loads:
-            tuning = None
+            tuning, relaxed_tuning = None, None
             for k in range(args.seeds):
-                r = run_comparison(load=load, seed=args.seed + k, deadlines=regime, spot_dir=args.spot_traces,
-                                   policy_path=args.policy, tuning=tuning, threshold_limits=args.thresholds,
-                                   spot_limits=args.spot_limits)
+                common = {"load": load, "seed": args.seed + k, "deadlines": regime, "spot_dir": args.spot_traces,
+                          "threshold_limits": args.thresholds, "spot_limits": args.spot_limits}
+                if args.relaxed_policy is None:
+                    r = run_comparison(policy_path=args.policy, tuning=tuning, **common)
+                else:
+                    a = run_ablation(args.relaxed_policy, policy_path=args.policy, tunings=(tuning, relaxed_tuning),
+                                     retune=args.retune_relaxed, **common)
+                    ablations.append(a)
+                    r, relaxed_tuning = a.strict, a.relaxed.tuning
+                    print(f"  {regime:5s} load {load:.1f} seed {r.seed} without the rule: "
+                          f"ours ${a.relaxed.row('ours').total_usd:,.0f} misses {a.relaxed.targets['misses']} "
+                          f"x{a.relaxed.targets['cost_ratio']:.3f} cloud x{a.relaxed.targets['cloud_ratio']:.3f} "
+                          f"bound x{a.relaxed.targets['bound_ratio']:.3f}; the rule costs ${a.rule_usd:,.0f} "
+                          f"({a.relaxed.seconds:.0f} s)", flush=True)
                 tuning = r.tuning
                 groups[(regime, load)].append(r)
                 t = r.targets
@@ -109,6 +134,13 @@ def main() -> None:
     for (regime, load), rs in groups.items():
         for line, ok in goal_lines(rs):
             print(f"  {regime:5s} {rs[0].demand_ratio:.2f}x  {'PASS' if ok else 'FAIL'}  {line}")
+    if ablations:
+        print(f"\nwhat the rule costs: {args.policy.name} (with the rule) vs {args.relaxed_policy.name} (without); "
+              f"our setting {'tuned again' if args.retune_relaxed else 'as tuned with the rule'} without it; "
+              "every contender under each side's policy; mean / worst over seeds (misses, $, spot GPU-h: means; "
+              "rule costs $ = ours with - ours without, mean / max)")
+        for line in format_rows(ablation_rows(ablations)):
+            print(line)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([r.to_json() for rs in groups.values() for r in rs], default=str))

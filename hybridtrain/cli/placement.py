@@ -203,6 +203,9 @@ def simulate(
     spot_traces: Annotated[Path | None, typer.Option(
         "--spot-traces", help="Directory of SkyPilot spot traces (default: data/traces/skypilot-spot-traces).")] = None,
     policy_path: Annotated[Path | None, typer.Option("--policy", help="Placement policy of the simulation.")] = None,
+    relaxed_policy: Annotated[Path | None, typer.Option(
+        "--relaxed-policy", help="Also replay under this policy (one rule relaxed, e.g. "
+                                 "data/traces/simulation-policy-spot-allowed.yaml) and show what the rule costs.")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write PNG plots here (also logged to MLflow if configured).")] = None,
     mlflow_uri: Annotated[str | None, typer.Option(
         "--mlflow-uri", help="MLflow tracking URI for the plots and summary (default: $MLFLOW_TRACKING_URI).")] = None,
@@ -226,7 +229,8 @@ def simulate(
     for d in regimes:
         if d not in ("loose", "tight"):
             raise bad_option("--deadlines", f"{d!r}; choose loose or tight")
-    for option, path in (("--pods", pods), ("--jobs", jobs), ("--policy", policy_path)):
+    for option, path in (("--pods", pods), ("--jobs", jobs), ("--policy", policy_path),
+                         ("--relaxed-policy", relaxed_policy)):
         if path is not None and not path.is_file():
             raise bad_option(option, f"{path} is not a file")
     if spot_traces is not None and not spot_traces.is_dir():
@@ -235,11 +239,19 @@ def simulate(
     if plot is not None:
         writable_dir("--plot", plot)
     tracking = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    ablations = []
     try:
         runs = [(c, None) for c in capacity or []] + [(None, x) for x in load or []]
-        reports = [run_comparison(c, load=x, seed=seed + k, pods=pods, jobs_file=jobs, deadlines=d,
-                                  spot_dir=spot_traces or SPOT_DIR, policy_path=policy_path or SIM_POLICY)
-                   for d in regimes for c, x in runs or [(None, 1.1)] for k in range(seeds)]
+        combos = [{"capacity": c, "load": x, "seed": seed + k, "pods": pods, "jobs_file": jobs, "deadlines": d,
+                   "spot_dir": spot_traces or SPOT_DIR, "policy_path": policy_path or SIM_POLICY}
+                  for d in regimes for c, x in runs or [(None, 1.1)] for k in range(seeds)]
+        if relaxed_policy is None:
+            reports = [run_comparison(**kw) for kw in combos]
+        else:
+            from hybridtrain.simulation.ablation import run_ablation
+
+            ablations = [run_ablation(relaxed_policy, **kw) for kw in combos]
+            reports = [a.strict for a in ablations]
     except HybridtrainError as exc:
         raise fail(exc) from None
     for r in reports:
@@ -261,7 +273,15 @@ def simulate(
         )
     if seeds > 1 or len(regimes) > 1:
         wide().print(summary_table(reports))
+    if ablations:
+        wide().print(ablation_table(ablations))
     paths = write_outputs(reports, out)
+    if ablations:
+        from hybridtrain.simulation.ablation import ablation_rows
+
+        paths.append(out / "rule_ablation.json")
+        paths[-1].write_text(json.dumps({"rows": ablation_rows(ablations),
+                                         "relaxed": [a.relaxed.to_json() for a in ablations]}, indent=2, default=str))
     if plot is not None:
         from hybridtrain.simulation.plots import log_to_mlflow, write_plots
 
@@ -292,6 +312,26 @@ def summary_table(reports) -> Table:  # reports: list[comparison.Report]
                       f"{summary[k + 'cloud_ratio_mean']:.3f} / {summary[k + 'cloud_ratio_worst']:.3f}",
                       f"{summary[k + 'bound_ratio_mean']:.3f} / {summary[k + 'bound_ratio_worst']:.3f}",
                       f"{sum(r.targets['misses_ok'] for r in rs)}/{len(rs)}")
+    return table
+
+
+def ablation_table(ablations) -> Table:  # ablations: list[ablation.Ablation]
+    """With the rule and without it, per regime and load: our ratios and what the rule costs (mean / worst)."""
+    from hybridtrain.simulation.ablation import ablation_rows
+
+    rows = ablation_rows(ablations)
+    table = Table(title=f"What the rule costs ({', '.join(rows[0]['classes']) or 'no class'} changed; "
+                        "every contender under each side's policy; mean / worst over seeds)")
+    for col in ("deadlines", "demand", "rule", "cost ×ref", "cloud ×ref", "×bound", "misses", "ours $",
+                "spot GPU-h", "rule costs $"):
+        table.add_column(col, justify="left" if col in ("deadlines", "rule") else "right")
+    for r in rows:
+        def mw(k: str, r: dict = r) -> str:
+            return f"{r[k][0]:.3f} / {r[k][1]:.3f}"
+        table.add_row(r["deadlines"], f"{r['demand_ratio']:.2f}×", f"{r['rule']} ({Path(r['policy']).name})",
+                      mw("cost_ratio"), mw("cloud_ratio"), mw("bound_ratio"), f"{r['misses']:.0f}",
+                      f"{r['ours_usd']:,.0f}", f"{r['spot_gpu_hours']:,.0f}",
+                      f"{r['rule_usd'][0]:+,.0f} / {r['rule_usd'][1]:+,.0f}" if r["rule"] == "with" else "")
     return table
 
 

@@ -252,6 +252,9 @@ class Report:
     frontiers: dict[str, list[dict]] = field(default_factory=dict)  # family → its hull points
     bound: dict = field(default_factory=dict)
     timeline: dict[str, list[list[float]]] = field(default_factory=dict)  # name → [hour, on-prem GPUs, cloud GPUs]
+    #: contender → job class → GPU-hours run on spot capacity (classes with none left out)
+    spot_gpu_hours: dict[str, dict[str, float]] = field(default_factory=dict)
+    policy: str = ""  # the policy file replayed
 
     def row(self, name: str) -> Metrics:
         return next(r for r in self.rows if r.name == name)
@@ -260,7 +263,8 @@ class Report:
         return {"capacity": self.capacity, "demand_ratio": self.demand_ratio, "seed": self.seed,
                 "deadlines": self.deadlines, "spot_traces": self.spot_traces,
                 "tuning": asdict(self.tuning), "rows": [asdict(r) for r in self.rows], "targets": self.targets,
-                "frontiers": self.frontiers, "bound": self.bound, "seconds": self.seconds}
+                "frontiers": self.frontiers, "bound": self.bound, "seconds": self.seconds,
+                "spot_gpu_hours": self.spot_gpu_hours, "policy": self.policy}
 
 
 def cost_target(demand_ratio: float) -> float:
@@ -335,6 +339,15 @@ def timeline(outcomes: Sequence[Outcome], step_s: float = 3600.0) -> list[list[f
     return [[round((g - t0) / 3600.0, 3), float(a), float(c)] for g, a, c in zip(grid, onprem, cloud, strict=True)]
 
 
+def spot_by_class(outcomes: Sequence[Outcome]) -> dict[str, float]:
+    """GPU-hours run on spot capacity per job class (classes with none left out)."""
+    out: dict[str, float] = {}
+    for o in outcomes:
+        if o.spot_gpu_hours > 0:
+            out[o.job.job_class] = out.get(o.job.job_class, 0.0) + o.spot_gpu_hours
+    return {k: round(v, 3) for k, v in sorted(out.items())}
+
+
 def load_workload(pods: Path | str | None, jobs_file: Path | str | None, params: WorkloadParams) -> list[SimJob]:
     """The jobs of ``--jobs FILE`` if given, else of the pod trace (``pods`` or the copied one)."""
     if jobs_file is not None:
@@ -389,10 +402,11 @@ def run_comparison(capacity: int | None = None, *, load: float | None = None, se
     tuning = tuning or tune(scenario, tune_jobs, grid, miss_values)
     ours = our_policy(quantile=tuning.quantile, queue_quantile=tuning.queue_quantile,
                       miss_above_usd=tuning.miss_above_usd)
-    rows, lines, placed = [], {}, report_jobs
+    rows, lines, placed, spot = [], {}, report_jobs, {}
     for c in contenders(threshold_limits=threshold_limits, ours=ours, spot_limits=spot_limits):
         m, outcomes = replay_outcomes(scenario, c, report_jobs)
         rows.append(m)
+        spot[c.name] = spot_by_class(outcomes)
         if c.name in ("ours", "threshold_0"):
             lines[c.name] = timeline(outcomes)
         if c.name == "ours":
@@ -410,7 +424,7 @@ def run_comparison(capacity: int | None = None, *, load: float | None = None, se
     targets = check_targets(rows, ratio, bound.get("usd"))
     fronts = {f: [asdict(p) for p in frontier(family_points(rows, f))] for f in FAMILIES}
     return Report(capacity, ratio, seed, tuning, rows, targets, time.perf_counter() - t0, deadlines,
-                  {k: str(v) for k, v in site_traces(spot_dir).items()}, fronts, bound, lines)
+                  {k: str(v) for k, v in site_traces(spot_dir).items()}, fronts, bound, lines, spot, str(policy_path))
 
 
 def write_outputs(reports: Sequence[Report], out: Path | str) -> list[Path]:

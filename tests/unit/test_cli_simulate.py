@@ -32,6 +32,7 @@ def run(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess
     (["--load", "0"], "--load", "finite number > 0"),
     (["--seeds", "0"], "--seeds", "give 1 to 100"),
     (["--deadlines", "strict"], "--deadlines", "choose loose or tight"),
+    (["--relaxed-policy", "no-such-policy.yaml"], "--relaxed-policy", "is not a file"),
 ])
 def test_a_bad_number_is_refused_in_one_line_naming_the_option(tmp_path, args, option, says):
     result = run(*args, "--out", str(tmp_path / "o"))
@@ -102,6 +103,19 @@ def test_any_trace_directory_job_file_regimes_and_seeds_with_plots_in_mlflow(tmp
     assert any(k.startswith("tight_") and k.endswith("cost_ratio_mean") for k in run_info.data.metrics)
     logged = {a.path for a in client.list_artifacts(run_info.info.run_id, "plots")}
     assert "plots/cost_vs_load_tight.png" in logged
+
+
+def test_relaxed_policy_shows_what_the_rule_costs_beside_the_comparison(tmp_path, jobs_csv):
+    result = run("--jobs", str(jobs_csv), "--capacity", "4", "--relaxed-policy",
+                 str(TRACES_DIR / "simulation-policy-spot-allowed.yaml"), "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "What the rule costs (production, standard changed" in result.stdout
+    saved = json.loads((tmp_path / "o" / "rule_ablation.json").read_text())
+    assert [r["rule"] for r in saved["rows"]] == ["with", "without"]
+    assert saved["rows"][0]["policy"].endswith("simulation-policy.yaml")
+    assert saved["rows"][1]["policy"].endswith("simulation-policy-spot-allowed.yaml")
+    (relaxed,) = saved["relaxed"]
+    assert relaxed["capacity"] == 4 and relaxed["policy"].endswith("simulation-policy-spot-allowed.yaml")
 
 
 def test_a_spot_trace_directory_without_traces_is_named(tmp_path):
