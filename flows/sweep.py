@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from typing import Any
@@ -47,7 +48,7 @@ from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.training.recovery import Attempt, Outcome, Placed, Supervisor
 from hybridtrain.workspace import Workspace
 from orchestration.context import run_workspace
-from orchestration.dispatch import Mode, deployment_name, has_deployment, retry_transient, run_stage, workers_online
+from orchestration.dispatch import Mode, deployment_name, has_deployment, run_stage, transient_api_error, workers_online
 from tasks.health import check_sites
 from tasks.placement import place
 from tasks.sweep import evaluate_best, open_study, publish_plots, train_trial
@@ -83,7 +84,7 @@ def _trial_result_name(number: int, attempt: int) -> str:
 
 #: Seconds the sweep waits for its first trials to start training before it asks the ones it keeps ready.
 READY_WAIT_S = 60.0
-#: How long a trial's attempt asks a Prefect API that does not answer again before the attempt fails.
+#: How long in a row a trial's attempt asks a Prefect API that does not answer before the attempt fails.
 API_RETRY_S = 300.0
 
 #: The slot of the trial whose subflow runs in this thread (in-process trials): its body takes it before training.
@@ -113,19 +114,39 @@ def sweep_trial(spec: JobSpec, approved: DatasetVersion, site: str, parent_run_i
 
 
 def dispatch_trial(ws: Workspace, params: dict[str, Any], site: str, mode: Mode, timeout_s: float,
-                   parent_run_id: str, slot: Slot | None = None) -> TrialOutcome:
+                   parent_run_id: str, slot: Slot | None = None, *,
+                   clock: Callable[[], float] = time.monotonic) -> TrialOutcome:
     """Run one attempt as a subflow run: in the site's pool (its deployment), or in this process.
 
     ``slot``: the trial's slot, taken before it trains — in this process by the subflow's body
     (its run is created and started while the slots are still busy), for a pool before the run
     is created (a worker starts a run as soon as it sees it). A Prefect API that does not answer
-    for now (a busy server's 503, a refused connection) is asked again for up to ``API_RETRY_S``:
-    in a pool the same flow run comes back (its idempotency key), in this process the attempt
-    starts again and resumes from the trial's checkpoint. It does not fail the trial.
+    for now (``transient_api_error``: a busy server's 503, a refused connection) is asked again,
+    with a growing pause, until it has failed for ``API_RETRY_S`` in a row (a call that ran longer
+    than that before it failed starts a new count): in a pool the same flow run comes back (its
+    idempotency key), in this process the attempt starts again and resumes from the trial's
+    checkpoint. It does not fail the trial.
     """
-    return retry_transient(time.monotonic() + API_RETRY_S,
-                           lambda: _dispatch_once(ws, params, site, mode, timeout_s, parent_run_id, slot),
-                           get_run_logger())
+    log = get_run_logger()
+    since: float | None = None  # when the API started failing, this time
+    delay = 1.0
+    while True:
+        began = clock()
+        try:
+            return _dispatch_once(ws, params, site, mode, timeout_s, parent_run_id, slot)
+        except Exception as exc:
+            if not transient_api_error(exc):
+                raise
+            now = clock()
+            if since is None or now - began > API_RETRY_S:
+                since, delay = now, 1.0
+            elif now - since + delay > API_RETRY_S:
+                raise
+            log.warning("trial %s: the Prefect API did not answer (%s: %s); asking again in %.0f s",
+                        getattr(params.get("ticket"), "number", "?"), type(exc).__name__,
+                        str(exc)[:200], delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 30.0)
 
 
 def _dispatch_once(ws: Workspace, params: dict[str, Any], site: str, mode: Mode, timeout_s: float,
