@@ -250,8 +250,8 @@ class PoolSites:
             futures = {s: pool.submit(self._one, step, result, s, f"{tag}-{s}", params.get(s, {})) for s in sites}
             return {s: f.result() for s, f in futures.items()}
 
-    def prepare(self, sites: list[str]) -> dict[str, steps.SitePrepared | str]:
-        return self._each(federated_prepare, steps.SitePrepared, sites, f"fed-prepare-{time.time_ns()}", {})
+    def prepare(self, sites: list[str], rnd: int = 0) -> dict[str, steps.SitePrepared | str]:
+        return self._each(federated_prepare, steps.SitePrepared, sites, f"fed-prepare-r{rnd}", {})
 
     def train(self, rnd: int, approved: dict[str, DatasetVersion],
               featurizer: dict) -> dict[str, steps.SiteUpdate | str]:

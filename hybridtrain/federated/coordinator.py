@@ -50,7 +50,7 @@ class NotEnoughSites(HybridtrainError):
 class SiteDispatcher(Protocol):
     """Runs one step at many sites; per site the result, or the reason it dropped out."""
 
-    def prepare(self, sites: list[str]) -> dict[str, SitePrepared | str]: ...
+    def prepare(self, sites: list[str], rnd: int = 0) -> dict[str, SitePrepared | str]: ...
 
     def train(self, rnd: int, approved: dict[str, DatasetVersion], featurizer: dict) -> dict[str, SiteUpdate | str]: ...
 
@@ -110,17 +110,18 @@ def run_federation(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site:
         for record in state.rounds:  # a resumed run's tracking shows the rounds it inherited
             on_round(record)
 
-    def prepare_missing(prepared: dict[str, dict]) -> dict[str, str]:
+    def prepare_missing(prepared: dict[str, dict], rnd: int) -> dict[str, str]:
+        """Prepare the sites not prepared yet (before round ``rnd``; 0: at the start)."""
         missing = [s for s in data_sites if s not in prepared]
         if not missing:
             return {}
-        ok, dropped = _split(sites.prepare(missing), SitePrepared)
+        ok, dropped = _split(sites.prepare(missing, rnd), SitePrepared)
         prepared.update({s: p.model_dump(mode="json") for s, p in ok.items()})
         return dropped
 
     if state is None:
         prepared: dict[str, dict] = {}
-        dropped = prepare_missing(prepared)
+        dropped = prepare_missing(prepared, 0)
         if len(prepared) < needed:
             raise NotEnoughSites(spec.name, "preparing the data", sorted(prepared), dropped, needed)
         stats = [SitePrepared.model_validate(prepared[s]).stats for s in data_sites if s in prepared]
@@ -133,7 +134,7 @@ def run_federation(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site:
 
     for rnd in range(state.completed + 1, fed.rounds + 1):
         round_started = time.perf_counter()
-        dropped = prepare_missing(state.prepared)
+        dropped = prepare_missing(state.prepared, rnd)
         approved = {s: SitePrepared.model_validate(p).anon.approved for s, p in state.prepared.items()}
         ok, failed = _split(sites.train(rnd, approved, state.featurizer), SiteUpdate)
         dropped.update(failed)
@@ -196,7 +197,7 @@ class InlineSites:
                 out[site] = f"{type(exc).__name__}: {exc}"
         return out
 
-    def prepare(self, sites: list[str]) -> dict[str, SitePrepared | str]:
+    def prepare(self, sites: list[str], rnd: int = 0) -> dict[str, SitePrepared | str]:
         from hybridtrain.federated import site as steps
 
         return self._each("prepare", 0, sites, lambda s: steps.prepare(self.ws, self.spec, s, self.key, self.run_key,

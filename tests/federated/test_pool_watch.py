@@ -104,3 +104,18 @@ def test_a_restarted_aggregator_adopts_the_steps_in_flight_and_resubmits_the_dro
     assert (run is mine) == adopted
     if not adopted:
         assert run.parameters["run_id"] == "mlflow-run-2" and run.state.is_scheduled()
+
+
+def test_every_step_has_a_tag_a_restarted_aggregator_finds_again(monkeypatch):
+    """Adoption needs the same tag for the same step in the next attempt: no clock or attempt in it."""
+    from flows.federated import PoolSites
+
+    tags = []
+    monkeypatch.setattr(PoolSites, "_each", lambda self, step, result, sites, tag, params: tags.append(tag) or {})
+    sites = aggregator("mlflow-run-1", "flow-run-1")
+    for _ in range(2):
+        sites.prepare(["dc1"], 0)
+        sites.prepare(["dc2"], 3)
+        sites.train(2, {"dc1": None}, {})
+        sites.evaluate(2, {"dc1": None}, {})
+    assert tags[:4] == tags[4:] == ["fed-prepare-r0", "fed-prepare-r3", "fed-round-2", "fed-evaluate-r2"]

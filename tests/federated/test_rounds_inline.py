@@ -58,9 +58,9 @@ def test_too_few_sites_stop_the_run_and_the_same_run_key_resumes_after_the_last_
     calls = []
 
     class Counting(InlineSites):
-        def prepare(self, sites):
+        def prepare(self, sites, rnd=0):
             calls.append(("prepare", tuple(sites)))
-            return super().prepare(sites)
+            return super().prepare(sites, rnd)
 
         def train(self, rnd, approved, featurizer):
             calls.append(("train", rnd))
