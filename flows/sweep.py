@@ -18,6 +18,7 @@ Optuna's plots go to MLflow.
 from __future__ import annotations
 
 import contextvars
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -48,7 +49,7 @@ from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.training.recovery import Attempt, Outcome, Placed, Supervisor
 from hybridtrain.workspace import Workspace
 from orchestration.context import run_workspace
-from orchestration.dispatch import Mode, deployment_name, has_deployment, run_stage, transient_api_error, workers_online
+from orchestration.dispatch import Mode, deployment_name, has_deployment, retry_transient, run_stage, workers_online
 from tasks.health import check_sites
 from tasks.placement import place
 from tasks.sweep import evaluate_best, open_study, publish_plots, train_trial
@@ -127,26 +128,8 @@ def dispatch_trial(ws: Workspace, params: dict[str, Any], site: str, mode: Mode,
     idempotency key), in this process the attempt starts again and resumes from the trial's
     checkpoint. It does not fail the trial.
     """
-    log = get_run_logger()
-    since: float | None = None  # when the API started failing, this time
-    delay = 1.0
-    while True:
-        began = clock()
-        try:
-            return _dispatch_once(ws, params, site, mode, timeout_s, parent_run_id, slot)
-        except Exception as exc:
-            if not transient_api_error(exc):
-                raise
-            now = clock()
-            if since is None or now - began > API_RETRY_S:
-                since, delay = now, 1.0
-            elif now - since + delay > API_RETRY_S:
-                raise
-            log.warning("trial %s: the Prefect API did not answer (%s: %s); asking again in %.0f s",
-                        getattr(params.get("ticket"), "number", "?"), type(exc).__name__,
-                        str(exc)[:200], delay)
-        time.sleep(delay)
-        delay = min(delay * 2, 30.0)
+    return retry_transient(math.inf, lambda: _dispatch_once(ws, params, site, mode, timeout_s, parent_run_id, slot),
+                           get_run_logger(), window_s=API_RETRY_S, clock=clock)
 
 
 def _dispatch_once(ws: Workspace, params: dict[str, Any], site: str, mode: Mode, timeout_s: float,

@@ -88,15 +88,27 @@ T = TypeVar("T")
 
 
 def retry_transient(deadline: float, call: Callable[[], T],
-                    log: logging.Logger | logging.LoggerAdapter | None = None) -> T:
+                    log: logging.Logger | logging.LoggerAdapter | None = None, *, window_s: float | None = None,
+                    clock: Callable[[], float] = time.monotonic) -> T:
     """``call()``, again after a transient Prefect API error (``transient_api_error``), with a pause growing
-    from ``POLL_S`` to 30 s, until ``deadline`` (``time.monotonic``); anything else, or past it, is raised."""
+    from ``POLL_S`` to 30 s, until ``deadline`` (on ``clock``); anything else, or past it, is raised.
+
+    ``window_s``: instead of a fixed deadline, give up once the API has failed for that long in a row; a call
+    that ran longer than ``window_s`` before it failed (hours of training, then a 503) starts a new count.
+    """
     delay = POLL_S
+    since: float | None = None  # when the API started failing, this time (window_s)
     while True:
+        began = clock()
         try:
             return call()
         except Exception as exc:
-            if not transient_api_error(exc) or time.monotonic() + delay >= deadline:
+            if not transient_api_error(exc):
+                raise
+            now = clock()
+            if window_s is not None and (since is None or now - began > window_s):
+                since, delay = now, POLL_S
+            if now + delay >= (since + window_s if window_s is not None and since is not None else deadline):
                 raise
             (log or logging.getLogger("hybridtrain.dispatch")).warning(
                 "the Prefect API did not answer (%s: %s); asking again in %.0f s", type(exc).__name__,
