@@ -8,6 +8,11 @@ not report within ``round_timeout_s``). A round goes on with the sites that repo
 and asked again next round (a site that was never prepared is prepared first). Fewer fails the
 run with ``NotEnoughSites`` — the last committed round stays, and running again with the same
 ``run_key`` resumes after it, as it does after the aggregator itself crashed.
+
+With ``training.federated.secure_aggregation`` the aggregator only ever reads masked updates and
+their sum (``_secure_round``): a round is complete when every site it asked has sent its masked
+update; when one drops out first, that attempt is closed and the others are asked again for the
+next one (they mask the update they kept; no retraining), recorded on the round as ``attempts``.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ from pydantic import BaseModel, Field
 
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.datasets.transfer import TransferRecord
-from hybridtrain.errors import HybridtrainError
+from hybridtrain.errors import HybridtrainError, Problem, SpecError
 from hybridtrain.federated import aggregation, features
+from hybridtrain.federated import secure_aggregation as secagg
 from hybridtrain.federated.local import build_model
 from hybridtrain.federated.planning import required_sites
-from hybridtrain.federated.rounds import FederationState, RoundRecord
+from hybridtrain.federated.rounds import FederationState, RoundRecord, RoundStore, SecureAttempt
+from hybridtrain.federated.secure_aggregation import SecureRound
 from hybridtrain.federated.site import SiteEvaluation, SitePrepared, SiteUpdate, round_store
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.training.featurizer import Featurizer
@@ -52,7 +59,10 @@ class SiteDispatcher(Protocol):
 
     def prepare(self, sites: list[str], rnd: int = 0) -> dict[str, SitePrepared | str]: ...
 
-    def train(self, rnd: int, approved: dict[str, DatasetVersion], featurizer: dict) -> dict[str, SiteUpdate | str]: ...
+    def train(self, rnd: int, approved: dict[str, DatasetVersion], featurizer: dict,
+              secure: SecureRound | None = None) -> dict[str, SiteUpdate | str]:
+        """Round ``rnd`` at the sites of ``approved``; with ``secure``, the attempt they mask their update for."""
+        ...
 
     def evaluate(self, rnd: int, approved: dict[str, DatasetVersion],
                  featurizer: dict) -> dict[str, SiteEvaluation | str]: ...
@@ -136,13 +146,20 @@ def run_federation(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site:
         round_started = time.perf_counter()
         dropped = prepare_missing(state.prepared, rnd)
         approved = {s: SitePrepared.model_validate(p).anon.approved for s, p in state.prepared.items()}
-        ok, failed = _split(sites.train(rnd, approved, state.featurizer), SiteUpdate)
-        dropped.update(failed)
-        if len(ok) < needed:
-            raise NotEnoughSites(spec.name, f"round {rnd}", sorted(ok), dropped, needed)
-        like = rs.load_global(rnd - 1)
-        updates = {s: (rs.load_global_update(rnd, s), u.rows) for s, u in ok.items()}
-        new_state = aggregation.fedavg(updates, like)
+        attempts: list[SecureAttempt] = []
+        if fed.secure_aggregation:
+            ok, new_state, attempts, transfers, seconds = _secure_round(spec, run_key, rs, sites, rnd, approved, state,
+                                                                        needed, dropped)
+        else:
+            ok, failed = _split(sites.train(rnd, approved, state.featurizer), SiteUpdate)
+            dropped.update(failed)
+            if len(ok) < needed:
+                raise NotEnoughSites(spec.name, f"round {rnd}", sorted(ok), dropped, needed)
+            like = rs.load_global(rnd - 1)
+            updates = {s: (rs.load_global_update(rnd, s), u.rows) for s, u in ok.items()}
+            new_state = aggregation.fedavg(updates, like)
+            transfers = [t for u in ok.values() for t in u.transfers]
+            seconds = {s: u.seconds for s, u in ok.items()}
         sha = rs.save_global(rnd, new_state)
         rows = {s: u.rows for s, u in ok.items()}
         record = RoundRecord(
@@ -152,10 +169,9 @@ def run_federation(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site:
                                                  if k.startswith("global_val_") and k != "global_val_n"}
                                              for s, u in ok.items()}, rows),
             epsilon={s: u.epsilon for s, u in ok.items() if u.epsilon is not None},
-            site_seconds={s: u.seconds for s, u in ok.items()},
-            site_hosts={s: u.host for s, u in ok.items() if u.host},
-            transfers=[t for u in ok.values() for t in u.transfers],
-            seconds=time.perf_counter() - round_started, global_sha256=sha)
+            site_seconds=seconds, site_hosts={s: u.host for s, u in ok.items() if u.host}, transfers=transfers,
+            seconds=time.perf_counter() - round_started, global_sha256=sha,
+            secure_aggregation=fed.secure_aggregation, attempts=attempts)
         state = state.model_copy(update={"rounds": [*state.rounds, record]})
         rs.commit(state)  # the round counts from here: a crash after this resumes at the next one
         if on_round is not None:
@@ -171,6 +187,59 @@ def run_federation(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site:
     transfers += [t for r in state.rounds for t in r.transfers] + [t for e in ok.values() for t in e.transfers]
     return FederationOutcome(state=state, evaluations=ok, dropped_at_evaluation=dropped, metrics=metrics,
                              transfers=transfers, resumed_after_round=resumed, seconds=time.perf_counter() - started)
+
+
+def _secure_round(spec: JobSpec, run_key: str, rs: RoundStore, sites: SiteDispatcher, rnd: int,
+                  approved: dict[str, DatasetVersion], state: FederationState, needed: int, dropped: dict[str, str],
+                  ) -> tuple[dict[str, SiteUpdate], dict[str, torch.Tensor], list[SecureAttempt], list[TransferRecord],
+                             dict[str, float]]:
+    """Round ``rnd`` with secure aggregation: attempts until every participant's masked update arrived.
+
+    Attempt 1 asks every prepared site; when some drop out before their masked update arrived, the
+    attempt is closed (its marker in the round store: no site uploads to it any more) and the
+    survivors are asked for the next attempt, where they mask the update they kept again, weighted
+    and masked for the smaller set. Returns the final participants' reports, the aggregate, the
+    attempts, every crossing of the round and each site's seconds over all attempts."""
+    needed = max(needed, 2)  # one site's "sum" would be its update
+    prepared = {s: SitePrepared.model_validate(state.prepared[s]) for s in approved}
+    keyless = sorted(s for s, p in prepared.items() if not p.public_key)
+    if keyless:
+        raise SpecError(f"job {spec.name}", [Problem("training.federated.secure_aggregation", (
+            f"run key {run_key} was prepared without it ({', '.join(keyless)} sent no public key): run the job with "
+            "a new run key"))])
+    like = rs.load_global(rnd - 1)
+    size = len(secagg.flatten(like, like))
+    participants, attempt = sorted(approved), rs.next_attempt(rnd)
+    attempts: list[SecureAttempt] = []
+    transfers: list[TransferRecord] = []
+    seconds: dict[str, float] = {}
+    while True:
+        if len(participants) < needed:
+            raise NotEnoughSites(spec.name, f"round {rnd} (secure aggregation, attempt {attempt})", participants,
+                                 dropped, needed)
+        secure = SecureRound(attempt=attempt, rows={s: prepared[s].stats.rows for s in participants},
+                             public_keys={s: prepared[s].public_key for s in participants})
+        results = sites.train(rnd, {s: approved[s] for s in participants}, state.featurizer, secure)
+        ok, failed = _split(results, SiteUpdate)
+        for s, u in list(ok.items()):
+            transfers += u.transfers
+            seconds[s] = seconds.get(s, 0.0) + u.seconds
+            if u.attempt != attempt or u.masked_for != participants:
+                failed[s] = (f"its update was masked for attempt {u.attempt} of {', '.join(u.masked_for)}, not "
+                             f"attempt {attempt} of {', '.join(participants)}")
+                del ok[s]
+        failed.update({s: "no report" for s in participants if s not in ok and s not in failed})
+        if not failed:
+            vectors = {s: secagg.from_bytes(rs.store.get_bytes(rs.masked_key(rnd, attempt, s))) for s in participants}
+            failed = {s: f"its masked update holds {len(v)} values, the model {size}" for s, v in vectors.items()
+                      if len(v) != size}
+            ok = {s: u for s, u in ok.items() if s not in failed}
+        attempts.append(SecureAttempt(attempt=attempt, participants=participants, dropped=failed))
+        dropped.update(failed)
+        if not failed:
+            return ok, secagg.aggregate(vectors.values(), like), attempts, transfers, seconds
+        rs.close_attempt(rnd, attempt, participants, failed)
+        participants, attempt = sorted(ok), attempt + 1
 
 
 class InlineSites:
@@ -203,11 +272,12 @@ class InlineSites:
         return self._each("prepare", 0, sites, lambda s: steps.prepare(self.ws, self.spec, s, self.key, self.run_key,
                                                                        self.agg))
 
-    def train(self, rnd: int, approved: dict[str, DatasetVersion], featurizer: dict) -> dict[str, SiteUpdate | str]:
+    def train(self, rnd: int, approved: dict[str, DatasetVersion], featurizer: dict,
+              secure: SecureRound | None = None) -> dict[str, SiteUpdate | str]:
         from hybridtrain.federated import site as steps
 
         return self._each("train", rnd, sorted(approved), lambda s: steps.train_round(
-            self.ws, self.spec, s, self.run_key, rnd, approved[s], featurizer, self.agg))
+            self.ws, self.spec, s, self.run_key, rnd, approved[s], featurizer, self.agg, secure))
 
     def evaluate(self, rnd: int, approved: dict[str, DatasetVersion],
                  featurizer: dict) -> dict[str, SiteEvaluation | str]:

@@ -6,11 +6,17 @@ only on the approved result. What leaves is what ``ModelMover`` records: the fea
 statistics once, each round's weights, and the global model coming in. Before anything is sent
 the policy is asked whether this site's update may go to the aggregation site (the same check
 as for its data); every crossing is written to the audit log.
+
+With ``training.federated.secure_aggregation`` a site also keeps things to itself, in its own
+store under ``federated-site/<job>/<run_key>/<site>/`` (``SitePrivate``): its X25519 private key
+and each round's plain update; what it sends instead is its public key at prepare and, per
+round, only its masked update (``hybridtrain.federated.secure_aggregation``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from typing import TYPE_CHECKING
 
@@ -22,6 +28,7 @@ from hybridtrain.datasets import partitioned
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.datasets.transfer import ModelMover, TransferRecord
 from hybridtrain.errors import Problem, SpecError
+from hybridtrain.federated import secure_aggregation as secagg
 from hybridtrain.federated.features import SiteFeatureStats
 from hybridtrain.federated.local import evaluate_state, train_local
 from hybridtrain.federated.rounds import RoundStore, load_state, state_bytes
@@ -40,6 +47,7 @@ class SitePrepared(BaseModel):
     prep: stages.PreprocessResult
     anon: stages.AnonymizeResult
     stats: SiteFeatureStats
+    public_key: str | None = Field(None, description="Secure aggregation: the site's X25519 public key (hex).")
     transfers: list[TransferRecord] = Field(default_factory=list)
     seconds: float
 
@@ -59,6 +67,11 @@ class SiteUpdate(BaseModel):
                                                "the site's worker process.")
     job_id: str | None = Field(None, description="The job's id on that host (its log and bundle are under "
                                                  "<workdir>/jobs/<job_id>).")
+    attempt: int = Field(1, description="Secure aggregation: the attempt of the round this update was masked for.")
+    masked_for: list[str] = Field(default_factory=list, description="Secure aggregation: the participants whose "
+                                                                    "masks it carries (empty: a plain update).")
+    reused: bool = Field(False, description="Secure aggregation: masked again from the update the site kept at an "
+                                            "earlier attempt, without training.")
 
 
 class SiteEvaluation(BaseModel):
@@ -108,6 +121,34 @@ def round_store(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site: st
     return RoundStore(stages.checkpoint_store(ws, ws.load_sites().get(aggregation_site)), spec.name, run_key)
 
 
+class SitePrivate:
+    """What a site keeps to itself under secure aggregation, in its own store: its private key, its plain updates."""
+
+    def __init__(self, ws: Workspace, spec: JobSpec, run_key: str, site: str):
+        self.store = stages.checkpoint_store(ws, ws.load_sites().get(site))
+        self.prefix = f"federated-site/{spec.name}/{run_key}/{site}"
+
+    def private_key(self) -> bytes:
+        """The site's X25519 key for this job and run key, made on first use (prepared again: the same key)."""
+        key = f"{self.prefix}/x25519.key"
+        if not self.store.exists(key):
+            self.store.put_bytes(key, secagg.new_private_key())
+        return self.store.get_bytes(key)
+
+    def keep_update(self, rnd: int, state: dict, rows: int, metrics: dict[str, float], epsilon: float | None) -> None:
+        self.store.put_bytes(f"{self.prefix}/round-{rnd:04d}.pt", state_bytes(state))
+        self.store.put_bytes(f"{self.prefix}/round-{rnd:04d}.json",
+                             json.dumps({"rows": rows, "metrics": metrics, "epsilon": epsilon}).encode())
+
+    def kept_update(self, rnd: int) -> tuple[dict, dict] | None:
+        """Round ``rnd``'s plain update and its rows, metrics and epsilon (None: not trained yet)."""
+        meta = f"{self.prefix}/round-{rnd:04d}.json"
+        if not self.store.exists(meta):
+            return None
+        return load_state(self.store.get_bytes(f"{self.prefix}/round-{rnd:04d}.pt")), json.loads(
+            self.store.get_bytes(meta))
+
+
 def prepare(ws: Workspace, spec: JobSpec, site: str, key: bytes, run_key: str, aggregation_site: str) -> SitePrepared:
     """Raw → curated → approved at ``site`` (its part only), then its feature statistics to the aggregator."""
     started = time.perf_counter()
@@ -123,7 +164,13 @@ def prepare(ws: Workspace, spec: JobSpec, site: str, key: bytes, run_key: str, a
     transfers: list[TransferRecord] = []
     _cross(ws, ModelMover.send(stats.model_dump_json().encode(), rs.store, rs.stats_key(site), sites.get(site),
                                sites.get(aggregation_site), f"feature statistics of {site} ({spec.name})"), transfers)
-    return SitePrepared(site=site, prep=prep, anon=anon, stats=stats, transfers=transfers,
+    public = None
+    if spec.training.federated.secure_aggregation:
+        public = secagg.public_key(SitePrivate(ws, spec, run_key, site).private_key())
+        _cross(ws, ModelMover.send(public.encode(), rs.store, rs.public_key_key(site), sites.get(site),
+                                   sites.get(aggregation_site), f"secure-aggregation public key of {site} "
+                                                                f"({spec.name})"), transfers)
+    return SitePrepared(site=site, prep=prep, anon=anon, stats=stats, public_key=public, transfers=transfers,
                         seconds=time.perf_counter() - started)
 
 
@@ -137,37 +184,81 @@ def _fetch_global(ws: Workspace, rs: RoundStore, rnd: int, site: str, aggregatio
 
 
 def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,
-                featurizer: dict, aggregation_site: str) -> SiteUpdate:
+                featurizer: dict, aggregation_site: str, secure: secagg.SecureRound | None = None) -> SiteUpdate:
     """Round ``rnd`` at ``site``: fetch the global model of round ``rnd - 1``, train ``local_epochs``
     on the approved part, send the new weights to the aggregator.
 
     A site that lists SSH hosts trains the round on its first host (``remote_round``): the host
     reads the approved part from the site's store and the global model from the round store, and
     writes the update there; this process checks the route first and then gets back only the
-    host's report, whose crossings go to the audit log here as in-process ones do."""
+    host's report, whose crossings go to the audit log here as in-process ones do.
+
+    With secure aggregation (``secure``: the attempt, its participants, their rows and public keys)
+    the site keeps its new weights to itself (``SitePrivate``) and sends only them masked for the
+    attempt; asked again for a later attempt of the same round it masks the kept weights again,
+    without training. It sends nothing to an attempt the aggregator has closed (``AttemptClosed``)."""
     started = time.perf_counter()
     fed = spec.training.federated
+    if fed.secure_aggregation != (secure is not None):
+        raise ValueError(f"round {rnd} of {site}: training.federated.secure_aggregation is "
+                         f"{fed.secure_aggregation} but the step was {'' if secure else 'not '}given a SecureRound")
     check_route(ws, spec, site, aggregation_site)
     ssh = _ssh_credentials(ws, site)
     if ssh is not None:
+        if secure is not None:  # validate refuses the spec already; a sites catalog changed since is caught here
+            raise SpecError(f"job {spec.name}", [Problem("training.federated.secure_aggregation", (
+                f"site {site} trains on SSH hosts, which secure aggregation does not support; set it to false"))])
         return _train_round_on_host(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, ssh,
                                     started)
     rs = round_store(ws, spec, run_key, aggregation_site)
     transfers: list[TransferRecord] = []
-    global_state = _fetch_global(ws, rs, rnd - 1, site, aggregation_site, transfers)
-    train = _approved_splits(ws, approved, site, ["train"])
-    val = _approved_splits(ws, approved, site, ["val"])
-    result = train_local(spec.model, Featurizer.from_dict(featurizer), global_state, train, val,
-                         spec.data_schema.label, site=site, rnd=rnd, epochs=fed.local_epochs,
-                         mu=fed.mu if fed.aggregator == "fedprox" else 0.0, dp=fed.dp,
-                         threads=spec.model.threads or spec.resources.cpus)
-    data = state_bytes(result.state)
+    private = SitePrivate(ws, spec, run_key, site) if secure is not None else None
+    kept = private.kept_update(rnd) if private is not None else None
+    if secure is not None and rs.attempt_closed(rnd, secure.attempt):
+        raise secagg.AttemptClosed(site, rnd, secure.attempt)
+    if kept is not None:
+        state, meta = kept
+        rows, metrics, epsilon = int(meta["rows"]), meta["metrics"], meta["epsilon"]
+    else:
+        global_state = _fetch_global(ws, rs, rnd - 1, site, aggregation_site, transfers)
+        train = _approved_splits(ws, approved, site, ["train"])
+        val = _approved_splits(ws, approved, site, ["val"])
+        result = train_local(spec.model, Featurizer.from_dict(featurizer), global_state, train, val,
+                             spec.data_schema.label, site=site, rnd=rnd, epochs=fed.local_epochs,
+                             mu=fed.mu if fed.aggregator == "fedprox" else 0.0, dp=fed.dp,
+                             threads=spec.model.threads or spec.resources.cpus)
+        state, rows, metrics, epsilon = result.state, result.rows, result.metrics, result.epsilon
+        if private is not None:
+            private.keep_update(rnd, state, rows, metrics, epsilon)
     sites = ws.load_sites()
-    _cross(ws, ModelMover.send(data, rs.store, rs.update_key(rnd, site), sites.get(site), sites.get(aggregation_site),
-                               rs.update_what(rnd, site)), transfers)
-    return SiteUpdate(site=site, round=rnd, rows=result.rows, metrics=result.metrics, epsilon=result.epsilon,
+    if secure is None:
+        data = state_bytes(state)
+        key, what = rs.update_key(rnd, site), rs.update_what(rnd, site)
+    else:
+        data = _masked(spec, site, run_key, rnd, state, private.private_key(), secure)
+        key, what = rs.masked_key(rnd, secure.attempt, site), rs.masked_what(rnd, secure.attempt, site)
+        if rs.attempt_closed(rnd, secure.attempt):  # closed while this site trained: nothing is sent
+            raise secagg.AttemptClosed(site, rnd, secure.attempt)
+    _cross(ws, ModelMover.send(data, rs.store, key, sites.get(site), sites.get(aggregation_site), what), transfers)
+    return SiteUpdate(site=site, round=rnd, rows=rows, metrics=metrics, epsilon=epsilon,
                       update_sha256=hashlib.sha256(data).hexdigest(), transfers=transfers,
-                      seconds=time.perf_counter() - started)
+                      seconds=time.perf_counter() - started, attempt=secure.attempt if secure else 1,
+                      masked_for=secure.participants if secure else [], reused=kept is not None)
+
+
+def _masked(spec: JobSpec, site: str, run_key: str, rnd: int, state: dict, private: bytes,
+            secure: secagg.SecureRound) -> bytes:
+    """``site``'s share of the weighted mean (``state`` * its rows / the participants' rows), masked for ``secure``."""
+    if site not in secure.rows:
+        raise ValueError(f"round {rnd}: site {site} is not among the participants {secure.participants}")
+    if secure.public_keys[site] != secagg.public_key(private):
+        raise SpecError(f"job {spec.name}", [Problem(f"{site}.public_key", (
+            f"the aggregator's public key for site {site} is not the one this site made for run key {run_key} "
+            "(its key in federated-site/ was replaced?): start the job again with a new run key"))])
+    weight = secure.rows[site] / sum(secure.rows.values())
+    encoded = secagg.encode(site, secagg.flatten(state, state) * weight, len(secure.rows))
+    masked = secagg.mask(site, encoded, private, secure.public_keys, [spec.name, run_key, rnd, secure.attempt])
+    return secagg.to_bytes(masked)
 
 
 def _ssh_credentials(ws: Workspace, site: str) -> SshCredentials | None:

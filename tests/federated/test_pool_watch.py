@@ -119,3 +119,24 @@ def test_every_step_has_a_tag_a_restarted_aggregator_finds_again(monkeypatch):
         sites.train(2, {"dc1": None}, {})
         sites.evaluate(2, {"dc1": None}, {})
     assert tags[:4] == tags[4:] == ["fed-prepare-r0", "fed-prepare-r3", "fed-round-2", "fed-evaluate-r2"]
+
+
+def test_a_secure_rounds_later_attempt_is_a_step_of_its_own_that_carries_the_participants(monkeypatch):
+    """Attempt 1 of a secure round keeps the round's tag (adopted after a restart as before); attempt 2, asked of the
+    survivors when a site dropped, gets its own tag, so it is not the attempt-1 flow run adopted again."""
+    from flows.federated import PoolSites
+    from hybridtrain.federated.secure_aggregation import SecureRound, new_private_key, public_key
+
+    calls = []
+    monkeypatch.setattr(PoolSites, "_each", lambda self, step, result, sites, tag, params: calls.append(
+        (tag, sites, params)) or {})
+    keys = {s: public_key(new_private_key()) for s in ("dc1", "dc2", "dc3")}
+    sites = aggregator("mlflow-run-1", "flow-run-1")
+    first = SecureRound(attempt=1, rows={"dc1": 10, "dc2": 20, "dc3": 30}, public_keys=keys)
+    second = SecureRound(attempt=2, rows={"dc1": 10, "dc2": 20}, public_keys={s: keys[s] for s in ("dc1", "dc2")})
+    sites.train(4, {"dc1": None, "dc2": None, "dc3": None}, {}, first)
+    sites.train(4, {"dc1": None, "dc2": None}, {}, second)
+    assert [(tag, asked) for tag, asked, _ in calls] == [("fed-round-4", ["dc1", "dc2", "dc3"]),
+                                                         ("fed-round-4-a2", ["dc1", "dc2"])]
+    assert all(p["secure"] is first and p["rnd"] == 4 for p in calls[0][2].values())
+    assert all(p["secure"] is second for p in calls[1][2].values())

@@ -1,0 +1,137 @@
+"""Secure aggregation end to end in this process (InlineSites): only masked updates reach the aggregator, their sum is
+FedAvg, and a site that drops mid-round makes the others mask their kept update again, without retraining."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hybridtrain.federated import secure_aggregation as sa
+from hybridtrain.federated.aggregation import fedavg
+from hybridtrain.federated.coordinator import InlineSites, run_federation
+from hybridtrain.federated.registration import version_tags
+from hybridtrain.federated.site import SitePrivate, SiteUpdate, round_store
+from tests.fixtures.federated_jobs import DATA_SITES, federated_spec
+
+KEY = b"test-pseudonym-key-0123456789abcdef"
+AGG = "onprem-dc1"
+
+
+def setup(fed_workspace, name: str, **training):
+    from hybridtrain.specs.job import load_spec
+    from hybridtrain.workspace import Workspace
+
+    root, parts = fed_workspace
+    ws = Workspace.resolve(root)
+    spec = load_spec(federated_spec(root, parts, name=name, secure_aggregation=True, **training), ws.load_sites())
+    return ws, spec
+
+
+class Recording(InlineSites):
+    """InlineSites that keeps every site report and the SecureRound it was asked with."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.asked: list[tuple[int, sa.SecureRound, dict]] = []
+
+    def train(self, rnd, approved, featurizer, secure=None):
+        out = super().train(rnd, approved, featurizer, secure)
+        self.asked.append((rnd, secure, out))
+        return out
+
+
+@pytest.fixture(scope="module")
+def dropped_run(fed_workspace):
+    """Three rounds with DP-SGD at the sites; in round 2 onprem-dc3 drops before its masked update arrives."""
+    ws, spec = setup(fed_workspace, "secagg", dp={"noise_multiplier": 0.5, "max_grad_norm": 1.0, "delta": 1e-5})
+    sites = Recording(ws, spec, "s1", AGG, KEY, down=lambda step, site, rnd: (step, site, rnd) == ("train",
+                                                                                                   "onprem-dc3", 2))
+    return ws, spec, sites, run_federation(ws, spec, "s1", AGG, sites)
+
+
+def test_a_dropped_site_closes_the_attempt_and_the_survivors_mask_again_without_retraining(dropped_run):
+    ws, spec, sites, outcome = dropped_run
+    rounds = outcome.state.rounds
+    assert all(r.secure_aggregation for r in rounds)
+    assert [r.participants for r in rounds] == [DATA_SITES, DATA_SITES[:2], DATA_SITES]
+    assert [len(r.attempts) for r in rounds] == [1, 2, 1]
+    first, second = rounds[1].attempts
+    assert first.participants == DATA_SITES and first.dropped == {"onprem-dc3": "site onprem-dc3 is down"}
+    assert second.attempt == 2 and second.participants == DATA_SITES[:2] and second.dropped == {}
+    assert rounds[1].dropped == {"onprem-dc3": "site onprem-dc3 is down"}
+    assert rounds[1].rows == {s: rounds[0].rows[s] for s in DATA_SITES[:2]}
+    rs = round_store(ws, spec, "s1", AGG)
+    assert rs.attempt_closed(2, 1) and not rs.attempt_closed(2, 2) and rs.next_attempt(2) == 2
+    # Round 2's second attempt: the survivors masked the update they kept from the first, no training.
+    round2 = [(secure, out) for rnd, secure, out in sites.asked if rnd == 2]
+    assert [secure.attempt for secure, _ in round2] == [1, 2]
+    assert [u.reused for u in round2[0][1].values() if isinstance(u, SiteUpdate)] == [False, False]
+    assert all(u.reused and u.attempt == 2 and u.masked_for == DATA_SITES[:2] for u in round2[1][1].values())
+    # No global model went to a site twice: attempt 2 fetched nothing.
+    fetched = [t for u in round2[1][1].values() for t in u.transfers if t.what.startswith("global model")]
+    assert fetched == []
+    assert 0.6 < outcome.metrics["auc"] <= 1.0
+    # DP-SGD composes with the masking: each round records the epsilon each participant spent.
+    assert [sorted(r.epsilon) for r in rounds] == [r.participants for r in rounds]
+    assert all(0 < e < float("inf") for r in rounds for e in r.epsilon.values())
+
+
+def test_each_rounds_global_model_is_fedavg_of_the_updates_the_sites_kept(dropped_run):
+    ws, spec, _, outcome = dropped_run
+    rs = round_store(ws, spec, "s1", AGG)
+    for record in outcome.state.rounds:
+        like = rs.load_global(record.round - 1)
+        kept = {s: SitePrivate(ws, spec, "s1", s).kept_update(record.round) for s in record.participants}
+        plain = fedavg({s: (state, int(meta["rows"])) for s, (state, meta) in kept.items()}, like)
+        secure = rs.load_global(record.round)
+        for k in like:
+            assert torch.allclose(secure[k], plain[k], atol=1e-6), (record.round, k)
+
+
+def test_nothing_in_the_round_store_is_a_sites_plain_update(dropped_run):
+    ws, spec, _, outcome = dropped_run
+    rs = round_store(ws, spec, "s1", AGG)
+    updates = [o.key for o in rs.store.list(f"{rs.prefix}/updates/")]
+    assert updates and all(k.endswith((".masked", "/closed.json")) for k in updates), updates
+    masked = [k for k in updates if k.endswith(".masked")]
+    assert len(masked) == 3 + 2 + 2 + 3  # round 2: two from the closed attempt, two from the next
+    like = rs.load_global(0)
+    for key in masked:
+        rnd = int(key.split("/round-")[1][:4])
+        values = sa.decode(sa.from_bytes(rs.store.get_bytes(key)))
+        for site in DATA_SITES:
+            kept = SitePrivate(ws, spec, "s1", site).kept_update(rnd)
+            if kept is None:
+                continue
+            plain = sa.flatten(kept[0], like)
+            assert abs(np.corrcoef(values, plain)[0, 1]) < 0.2, (key, site)
+            assert not np.allclose(values[:50], plain[:50], atol=1e-3)
+    # What the aggregator holds for each site: statistics, a public key, masked vectors; the private key stays home.
+    assert rs.store.exists(rs.public_key_key("onprem-dc2"))
+    assert not any("x25519.key" in o.key or "federated-site/" in o.key for o in rs.store.list(rs.prefix))
+    kinds = {t.what.split(" round")[0].split(" of ")[0] for t in outcome.transfers}
+    assert kinds == {"feature statistics", "secure-aggregation public key", "model update", "global model"}
+
+
+def test_the_registered_version_says_it_was_securely_aggregated(dropped_run):
+    _, spec, _, outcome = dropped_run
+    tags = version_tags(spec, outcome, AGG)
+    assert tags["hybridtrain.federated.secure_aggregation"] == "pairwise-masking-x25519-chacha20"
+    assert '"2": [{"attempt": 1' in tags["hybridtrain.federated.secure_attempts"]
+
+
+def test_a_site_does_not_upload_to_a_closed_attempt(dropped_run):
+    from hybridtrain.federated import site as steps
+    from hybridtrain.federated.site import SitePrepared
+
+    ws, spec, _, outcome = dropped_run
+    rs = round_store(ws, spec, "s1", AGG)
+    prepared = {s: SitePrepared.model_validate(p) for s, p in outcome.state.prepared.items()}
+    secure = sa.SecureRound(attempt=1, rows={s: p.stats.rows for s, p in prepared.items()},
+                            public_keys={s: p.public_key for s, p in prepared.items()})
+    before = rs.store.exists(rs.masked_key(2, 1, "onprem-dc3"))
+    with pytest.raises(sa.AttemptClosed, match="onprem-dc3: attempt 1 of round 2 was closed"):
+        steps.train_round(ws, spec, "onprem-dc3", "s1", 2, prepared["onprem-dc3"].anon.approved,
+                          outcome.state.featurizer, AGG, secure)
+    assert before is False and not rs.store.exists(rs.masked_key(2, 1, "onprem-dc3"))
