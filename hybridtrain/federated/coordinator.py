@@ -10,7 +10,7 @@ run with ``NotEnoughSites`` — the last committed round stays, and running agai
 ``run_key`` resumes after it, as it does after the aggregator itself crashed.
 
 With ``training.federated.secure_aggregation`` the aggregator only ever reads masked updates and
-their sum (``_secure_round``): a round is complete when every site it asked has sent its masked
+their sum (``secure_round``): a round is complete when every site it asked has sent its masked
 update; when one drops out first, that attempt is closed and the others are asked again for the
 next one (they mask the update they kept; no retraining), recorded on the round as ``attempts``.
 """
@@ -148,7 +148,7 @@ def run_federation(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site:
         approved = {s: SitePrepared.model_validate(p).anon.approved for s, p in state.prepared.items()}
         attempts: list[SecureAttempt] = []
         if fed.secure_aggregation:
-            ok, new_state, attempts, transfers, seconds = _secure_round(spec, run_key, rs, sites, rnd, approved, state,
+            ok, new_state, attempts, transfers, seconds = secure_round(spec, run_key, rs, sites, rnd, approved, state,
                                                                         needed, dropped)
         else:
             ok, failed = _split(sites.train(rnd, approved, state.featurizer), SiteUpdate)
@@ -189,7 +189,7 @@ def run_federation(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site:
                              transfers=transfers, resumed_after_round=resumed, seconds=time.perf_counter() - started)
 
 
-def _secure_round(spec: JobSpec, run_key: str, rs: RoundStore, sites: SiteDispatcher, rnd: int,
+def secure_round(spec: JobSpec, run_key: str, rs: RoundStore, sites: SiteDispatcher, rnd: int,
                   approved: dict[str, DatasetVersion], state: FederationState, needed: int, dropped: dict[str, str],
                   ) -> tuple[dict[str, SiteUpdate], dict[str, torch.Tensor], list[SecureAttempt], list[TransferRecord],
                              dict[str, float]]:
@@ -209,8 +209,14 @@ def _secure_round(spec: JobSpec, run_key: str, rs: RoundStore, sites: SiteDispat
             "a new run key"))])
     like = rs.load_global(rnd - 1)
     size = len(secagg.flatten(like, like))
-    participants, attempt = sorted(approved), rs.next_attempt(rnd)
-    attempts: list[SecureAttempt] = []
+    # An aggregator that resumes mid-round goes on after the last closed attempt, with its survivors: the same
+    # attempt and sites its predecessor asked, so the steps in flight are adopted (PoolSites) and their masks fit.
+    attempts = rs.closed_attempts(rnd)
+    participants = sorted(approved)
+    for closed in attempts:
+        dropped.update(closed.dropped)
+        participants = [s for s in closed.participants if s not in closed.dropped and s in approved]
+    attempt = len(attempts) + 1
     transfers: list[TransferRecord] = []
     seconds: dict[str, float] = {}
     while True:

@@ -125,12 +125,13 @@ class RoundStore:
     def attempt_closed(self, rnd: int, attempt: int) -> bool:
         return self.store.exists(f"{self.attempt_prefix(rnd, attempt)}/closed.json")
 
-    def next_attempt(self, rnd: int) -> int:
-        """The first attempt of round ``rnd`` not closed yet (an aggregator that resumes goes on from there)."""
-        attempt = 1
-        while self.attempt_closed(rnd, attempt):
-            attempt += 1
-        return attempt
+    def closed_attempts(self, rnd: int) -> list[SecureAttempt]:
+        """The closed attempts of round ``rnd``, in order (an aggregator that resumes goes on after the last one)."""
+        closed = []
+        while self.attempt_closed(rnd, len(closed) + 1):
+            closed.append(SecureAttempt.model_validate_json(
+                self.store.get_bytes(f"{self.attempt_prefix(rnd, len(closed) + 1)}/closed.json")))
+        return closed
 
     def stats_key(self, site: str) -> str:
         return f"{self.prefix}/features/{site}.json"

@@ -62,7 +62,7 @@ def test_a_dropped_site_closes_the_attempt_and_the_survivors_mask_again_without_
     assert rounds[1].dropped == {"onprem-dc3": "site onprem-dc3 is down"}
     assert rounds[1].rows == {s: rounds[0].rows[s] for s in DATA_SITES[:2]}
     rs = round_store(ws, spec, "s1", AGG)
-    assert rs.attempt_closed(2, 1) and not rs.attempt_closed(2, 2) and rs.next_attempt(2) == 2
+    assert rs.attempt_closed(2, 1) and not rs.attempt_closed(2, 2) and rs.closed_attempts(2) == [first]
     # Round 2's second attempt: the survivors masked the update they kept from the first, no training.
     round2 = [(secure, out) for rnd, secure, out in sites.asked if rnd == 2]
     assert [secure.attempt for secure, _ in round2] == [1, 2]
@@ -135,3 +135,31 @@ def test_a_site_does_not_upload_to_a_closed_attempt(dropped_run):
         steps.train_round(ws, spec, "onprem-dc3", "s1", 2, prepared["onprem-dc3"].anon.approved,
                           outcome.state.featurizer, AGG, secure)
     assert before is False and not rs.store.exists(rs.masked_key(2, 1, "onprem-dc3"))
+
+
+def test_an_aggregator_that_resumes_mid_round_asks_the_survivors_of_the_last_closed_attempt(dropped_run):
+    """Its predecessor closed attempt 1 of round 3 (onprem-dc2 dropped) and died: the next one asks attempt 2 of the
+    same survivors, who mask what they kept, and the aggregate is their FedAvg."""
+    from hybridtrain import stages
+    from hybridtrain.federated.coordinator import secure_round
+
+    ws, spec, _, outcome = dropped_run
+    for site in DATA_SITES:  # the run as it stood, under run key s3 (its own prefixes; the same keys and updates)
+        store = stages.checkpoint_store(ws, ws.load_sites().get(site))
+        for obj in store.list(""):
+            if "/secagg/s1/" in obj.key:
+                store.put_bytes(obj.key.replace("/secagg/s1/", "/secagg/s3/"), store.get_bytes(obj.key))
+    rs = round_store(ws, spec, "s3", AGG)
+    rs.close_attempt(3, 1, DATA_SITES, {"onprem-dc2": "its pool lost its worker"})
+    sites = Recording(ws, spec, "s3", AGG, KEY)
+    approved = {s: outcome.prepared()[s].anon.approved for s in DATA_SITES}
+    dropped: dict[str, str] = {}
+    ok, aggregate, attempts, _, _ = secure_round(spec, "s3", rs, sites, 3, approved, outcome.state, 2, dropped)
+    survivors = ["onprem-dc1", "onprem-dc3"]
+    assert [(secure.attempt, secure.participants) for _, secure, _ in sites.asked] == [(2, survivors)]
+    assert sorted(ok) == survivors and all(u.reused for u in ok.values())
+    assert [(a.attempt, a.participants) for a in attempts] == [(1, DATA_SITES), (2, survivors)]
+    assert dropped == {"onprem-dc2": "its pool lost its worker"}
+    kept = {s: SitePrivate(ws, spec, "s3", s).kept_update(3) for s in survivors}
+    plain = fedavg({s: (state, int(meta["rows"])) for s, (state, meta) in kept.items()}, rs.load_global(2))
+    assert all(torch.allclose(aggregate[k], plain[k], atol=1e-6) for k in plain)
