@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from pydantic import BaseModel, Field
@@ -148,8 +148,9 @@ def run_federation(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site:
         approved = {s: SitePrepared.model_validate(p).anon.approved for s, p in state.prepared.items()}
         attempts: list[SecureAttempt] = []
         if fed.secure_aggregation:
-            ok, new_state, attempts, transfers, seconds = secure_round(spec, run_key, rs, sites, rnd, approved, state,
-                                                                        needed, dropped)
+            result = secure_round(spec, run_key, rs, sites, rnd, approved, state, needed, dropped)
+            ok, participants, rows, new_state = result.updates, result.participants, result.rows, result.state
+            attempts, transfers, seconds = result.attempts, result.transfers, result.seconds
         else:
             ok, failed = _split(sites.train(rnd, approved, state.featurizer), SiteUpdate)
             dropped.update(failed)
@@ -160,14 +161,14 @@ def run_federation(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site:
             new_state = aggregation.fedavg(updates, like)
             transfers = [t for u in ok.values() for t in u.transfers]
             seconds = {s: u.seconds for s, u in ok.items()}
+            participants, rows = sorted(ok), {s: u.rows for s, u in ok.items()}
         sha = rs.save_global(rnd, new_state)
-        rows = {s: u.rows for s, u in ok.items()}
         record = RoundRecord(
-            round=rnd, participants=sorted(ok), dropped=dropped, rows=rows,
+            round=rnd, participants=participants, dropped=dropped, rows=rows,
             site_metrics={s: u.metrics for s, u in ok.items()},
             global_metrics=weighted_metrics({s: {k.removeprefix("global_"): v for k, v in u.metrics.items()
                                                  if k.startswith("global_val_") and k != "global_val_n"}
-                                             for s, u in ok.items()}, rows),
+                                             for s, u in ok.items()}, {s: rows[s] for s in ok}),
             epsilon={s: u.epsilon for s, u in ok.items() if u.epsilon is not None},
             site_seconds=seconds, site_hosts={s: u.host for s, u in ok.items() if u.host}, transfers=transfers,
             seconds=time.perf_counter() - round_started, global_sha256=sha,
@@ -189,17 +190,29 @@ def run_federation(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site:
                              transfers=transfers, resumed_after_round=resumed, seconds=time.perf_counter() - started)
 
 
+class SecureResult(NamedTuple):
+    """A securely aggregated round: who is in the sum, the sum, how it went."""
+
+    updates: dict[str, SiteUpdate]  # the reports of the final attempt (a site whose update arrived late has none)
+    participants: list[str]
+    rows: dict[str, int]
+    state: dict[str, torch.Tensor]
+    attempts: list[SecureAttempt]
+    transfers: list[TransferRecord]
+    seconds: dict[str, float]
+
+
 def secure_round(spec: JobSpec, run_key: str, rs: RoundStore, sites: SiteDispatcher, rnd: int,
-                  approved: dict[str, DatasetVersion], state: FederationState, needed: int, dropped: dict[str, str],
-                  ) -> tuple[dict[str, SiteUpdate], dict[str, torch.Tensor], list[SecureAttempt], list[TransferRecord],
-                             dict[str, float]]:
+                 approved: dict[str, DatasetVersion], state: FederationState, needed: int,
+                 dropped: dict[str, str]) -> SecureResult:
     """Round ``rnd`` with secure aggregation: attempts until every participant's masked update arrived.
 
-    Attempt 1 asks every prepared site; when some drop out before their masked update arrived, the
-    attempt is closed (its marker in the round store: no site uploads to it any more) and the
-    survivors are asked for the next attempt, where they mask the update they kept again, weighted
-    and masked for the smaller set. Returns the final participants' reports, the aggregate, the
-    attempts, every crossing of the round and each site's seconds over all attempts."""
+    Attempt 1 asks every prepared site (its participant set is written first, ``begin_attempt``:
+    an aggregator that resumes asks the same). When some drop out, their places are sealed
+    (``seal``: a late upload cannot land after it; one that landed first counts, and if all did the
+    attempt is complete after all), the attempt is closed, and the survivors are asked for the
+    next attempt, where they mask the update they kept again, weighted and masked for the smaller
+    set. Records drop-outs in ``dropped``."""
     needed = max(needed, 2)  # one site's "sum" would be its update
     prepared = {s: SitePrepared.model_validate(state.prepared[s]) for s in approved}
     keyless = sorted(s for s, p in prepared.items() if not p.public_key)
@@ -209,17 +222,19 @@ def secure_round(spec: JobSpec, run_key: str, rs: RoundStore, sites: SiteDispatc
             "a new run key"))])
     like = rs.load_global(rnd - 1)
     size = len(secagg.flatten(like, like))
-    # An aggregator that resumes mid-round goes on after the last closed attempt, with its survivors: the same
-    # attempt and sites its predecessor asked, so the steps in flight are adopted (PoolSites) and their masks fit.
+    # An aggregator that resumes mid-round goes on after the last closed attempt, with its survivors.
     attempts = rs.closed_attempts(rnd)
     participants = sorted(approved)
     for closed in attempts:
         dropped.update(closed.dropped)
-        participants = [s for s in closed.participants if s not in closed.dropped and s in approved]
+        participants = [s for s in closed.participants if s not in closed.dropped]
     attempt = len(attempts) + 1
     transfers: list[TransferRecord] = []
     seconds: dict[str, float] = {}
     while True:
+        # The attempt's participants are fixed once written: a resumed aggregator asks the ones its predecessor
+        # asked, so the steps in flight are adopted (PoolSites) and their masks fit.
+        participants = [s for s in rs.begin_attempt(rnd, attempt, participants) if s in approved]
         if len(participants) < needed:
             raise NotEnoughSites(spec.name, f"round {rnd} (secure aggregation, attempt {attempt})", participants,
                                  dropped, needed)
@@ -227,23 +242,28 @@ def secure_round(spec: JobSpec, run_key: str, rs: RoundStore, sites: SiteDispatc
                              public_keys={s: prepared[s].public_key for s in participants})
         results = sites.train(rnd, {s: approved[s] for s in participants}, state.featurizer, secure)
         ok, failed = _split(results, SiteUpdate)
+        unusable: dict[str, str] = {}
         for s, u in list(ok.items()):
             transfers += u.transfers
             seconds[s] = seconds.get(s, 0.0) + u.seconds
             if u.attempt != attempt or u.masked_for != participants:
-                failed[s] = (f"its update was masked for attempt {u.attempt} of {', '.join(u.masked_for)}, not "
-                             f"attempt {attempt} of {', '.join(participants)}")
+                unusable[s] = (f"its update was masked for attempt {u.attempt} of {', '.join(u.masked_for)}, not "
+                               f"attempt {attempt} of {', '.join(participants)}")
                 del ok[s]
-        failed.update({s: "no report" for s in participants if s not in ok and s not in failed})
+        failed.update({s: "no report" for s in participants if s not in ok and s not in failed and s not in unusable})
+        if failed:
+            sealed = rs.seal(rnd, attempt, sorted(failed))
+            failed = {s: why for s, why in failed.items() if s in sealed}  # the others' updates arrived after all
+        failed.update(unusable)
         if not failed:
             vectors = {s: secagg.from_bytes(rs.store.get_bytes(rs.masked_key(rnd, attempt, s))) for s in participants}
             failed = {s: f"its masked update holds {len(v)} values, the model {size}" for s, v in vectors.items()
                       if len(v) != size}
-            ok = {s: u for s, u in ok.items() if s not in failed}
         attempts.append(SecureAttempt(attempt=attempt, participants=participants, dropped=failed))
         dropped.update(failed)
         if not failed:
-            return ok, secagg.aggregate(vectors.values(), like), attempts, transfers, seconds
+            return SecureResult(ok, participants, dict(secure.rows), secagg.aggregate(vectors.values(), like),
+                                attempts, transfers, seconds)
         rs.close_attempt(rnd, attempt, participants, failed)
         participants, attempt = sorted(ok), attempt + 1
 

@@ -7,8 +7,9 @@ that names it, so a crash between the two leaves the previous round current: ``r
 up the last committed round and the run goes on from the next. Sites write their updates to
 ``updates/round-NNNN/<site>.pt`` beside them (through ``ModelMover``). With secure aggregation
 they write ``keys/<site>.x25519.pub`` at prepare and, per attempt of a round, only their masked
-vectors ``updates/round-NNNN/attempt-AA/<site>.masked``; ``closed.json`` there marks an attempt
-that a participant dropped out of (no site uploads to it any more).
+vectors ``updates/round-NNNN/attempt-AA/<site>.masked``. When a participant drops out, the
+aggregator writes ``CLOSED`` in the empty places (``seal``: write-if-absent, so a late upload
+cannot land after it) and ``closed.json`` beside them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from pydantic import BaseModel, Field
 
 from hybridtrain.datasets.transfer import TransferRecord
 from hybridtrain.storage.object_store import ObjectStore
+
+#: What the aggregator writes in the place of a masked update that did not arrive before it closed the attempt.
+CLOSED = b"closed: this site's masked update did not arrive before the attempt was closed\n"
 
 
 class SecureAttempt(BaseModel):
@@ -117,8 +121,26 @@ class RoundStore:
     def public_key_key(self, site: str) -> str:
         return f"{self.prefix}/keys/{site}.x25519.pub"
 
+    def begin_attempt(self, rnd: int, attempt: int, participants: list[str]) -> list[str]:
+        """The participants of an attempt: ``participants`` if it is new, else the ones written when it began."""
+        key = f"{self.attempt_prefix(rnd, attempt)}/asked.json"
+        if not self.store.create(key, json.dumps(sorted(participants)).encode()):
+            return list(json.loads(self.store.get_bytes(key)))
+        return sorted(participants)
+
+    def seal(self, rnd: int, attempt: int, sites: list[str]) -> list[str]:
+        """Fill the places of ``sites``' masked updates of an attempt with ``CLOSED`` where still empty (atomically:
+        a site's upload and this seal race for the same key, one wins); returns the sites now sealed out. A site
+        whose update landed first is not: then the attempt may still be complete."""
+        sealed = []
+        for site in sites:
+            key = self.masked_key(rnd, attempt, site)
+            if self.store.create(key, CLOSED) or self.store.get_bytes(key) == CLOSED:
+                sealed.append(site)
+        return sealed
+
     def close_attempt(self, rnd: int, attempt: int, participants: list[str], dropped: dict[str, str]) -> None:
-        """Mark an attempt closed: a participant dropped; a site that finds this marker does not upload to it."""
+        """Mark an attempt closed (after ``seal``): a participant dropped; the survivors are asked again."""
         marker = SecureAttempt(attempt=attempt, participants=participants, dropped=dropped)
         self.store.put_bytes(f"{self.attempt_prefix(rnd, attempt)}/closed.json", marker.model_dump_json().encode())
 

@@ -237,9 +237,13 @@ def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int,
     else:
         data = _masked(spec, site, run_key, rnd, state, private.private_key(), secure)
         key, what = rs.masked_key(rnd, secure.attempt, site), rs.masked_what(rnd, secure.attempt, site)
-        if rs.attempt_closed(rnd, secure.attempt):  # closed while this site trained: nothing is sent
-            raise secagg.AttemptClosed(site, rnd, secure.attempt)
-    _cross(ws, ModelMover.send(data, rs.store, key, sites.get(site), sites.get(aggregation_site), what), transfers)
+    try:
+        # A masked update is written only where nothing is: when the aggregator closes an attempt it fills the
+        # missing sites' places first, so an upload that races the close either lands before it or not at all.
+        _cross(ws, ModelMover.send(data, rs.store, key, sites.get(site), sites.get(aggregation_site), what,
+                                   exclusive=secure is not None), transfers)
+    except FileExistsError:
+        raise secagg.AttemptClosed(site, rnd, secure.attempt) from None
     return SiteUpdate(site=site, round=rnd, rows=rows, metrics=metrics, epsilon=epsilon,
                       update_sha256=hashlib.sha256(data).hexdigest(), transfers=transfers,
                       seconds=time.perf_counter() - started, attempt=secure.attempt if secure else 1,

@@ -9,8 +9,9 @@ import torch
 
 from hybridtrain.federated import secure_aggregation as sa
 from hybridtrain.federated.aggregation import fedavg
-from hybridtrain.federated.coordinator import InlineSites, run_federation
+from hybridtrain.federated.coordinator import InlineSites, run_federation, secure_round
 from hybridtrain.federated.registration import version_tags
+from hybridtrain.federated.rounds import CLOSED
 from hybridtrain.federated.site import SitePrivate, SiteUpdate, round_store
 from tests.fixtures.federated_jobs import DATA_SITES, federated_spec
 
@@ -93,9 +94,10 @@ def test_nothing_in_the_round_store_is_a_sites_plain_update(dropped_run):
     ws, spec, _, outcome = dropped_run
     rs = round_store(ws, spec, "s1", AGG)
     updates = [o.key for o in rs.store.list(f"{rs.prefix}/updates/")]
-    assert updates and all(k.endswith((".masked", "/closed.json")) for k in updates), updates
-    masked = [k for k in updates if k.endswith(".masked")]
+    assert updates and all(k.endswith((".masked", "/closed.json", "/asked.json")) for k in updates), updates
+    masked = [k for k in updates if k.endswith(".masked") and rs.store.get_bytes(k) != CLOSED]
     assert len(masked) == 3 + 2 + 2 + 3  # round 2: two from the closed attempt, two from the next
+    assert rs.store.get_bytes(rs.masked_key(2, 1, "onprem-dc3")) == CLOSED  # sealed when the attempt closed
     like = rs.load_global(0)
     for key in masked:
         rnd = int(key.split("/round-")[1][:4])
@@ -130,36 +132,75 @@ def test_a_site_does_not_upload_to_a_closed_attempt(dropped_run):
     prepared = {s: SitePrepared.model_validate(p) for s, p in outcome.state.prepared.items()}
     secure = sa.SecureRound(attempt=1, rows={s: p.stats.rows for s, p in prepared.items()},
                             public_keys={s: p.public_key for s, p in prepared.items()})
-    before = rs.store.exists(rs.masked_key(2, 1, "onprem-dc3"))
     with pytest.raises(sa.AttemptClosed, match="onprem-dc3: attempt 1 of round 2 was closed"):
         steps.train_round(ws, spec, "onprem-dc3", "s1", 2, prepared["onprem-dc3"].anon.approved,
                           outcome.state.featurizer, AGG, secure)
-    assert before is False and not rs.store.exists(rs.masked_key(2, 1, "onprem-dc3"))
+    assert rs.store.get_bytes(rs.masked_key(2, 1, "onprem-dc3")) == CLOSED
+    assert SitePrivate(ws, spec, "s1", "onprem-dc3").kept_update(2) is None  # it did not even train
+
+
+def copy_run(ws, old: str, new: str) -> None:
+    """The run as it stood, under another run key (its own prefixes; the same site keys and kept updates)."""
+    from hybridtrain import stages
+
+    for site in DATA_SITES:
+        store = stages.checkpoint_store(ws, ws.load_sites().get(site))
+        for obj in store.list(""):
+            if f"/secagg/{old}/" in obj.key:
+                store.put_bytes(obj.key.replace(f"/secagg/{old}/", f"/secagg/{new}/"), store.get_bytes(obj.key))
 
 
 def test_an_aggregator_that_resumes_mid_round_asks_the_survivors_of_the_last_closed_attempt(dropped_run):
     """Its predecessor closed attempt 1 of round 3 (onprem-dc2 dropped) and died: the next one asks attempt 2 of the
     same survivors, who mask what they kept, and the aggregate is their FedAvg."""
-    from hybridtrain import stages
-    from hybridtrain.federated.coordinator import secure_round
-
     ws, spec, _, outcome = dropped_run
-    for site in DATA_SITES:  # the run as it stood, under run key s3 (its own prefixes; the same keys and updates)
-        store = stages.checkpoint_store(ws, ws.load_sites().get(site))
-        for obj in store.list(""):
-            if "/secagg/s1/" in obj.key:
-                store.put_bytes(obj.key.replace("/secagg/s1/", "/secagg/s3/"), store.get_bytes(obj.key))
+    copy_run(ws, "s1", "s3")
     rs = round_store(ws, spec, "s3", AGG)
     rs.close_attempt(3, 1, DATA_SITES, {"onprem-dc2": "its pool lost its worker"})
     sites = Recording(ws, spec, "s3", AGG, KEY)
     approved = {s: outcome.prepared()[s].anon.approved for s in DATA_SITES}
     dropped: dict[str, str] = {}
-    ok, aggregate, attempts, _, _ = secure_round(spec, "s3", rs, sites, 3, approved, outcome.state, 2, dropped)
+    result = secure_round(spec, "s3", rs, sites, 3, approved, outcome.state, 2, dropped)
     survivors = ["onprem-dc1", "onprem-dc3"]
     assert [(secure.attempt, secure.participants) for _, secure, _ in sites.asked] == [(2, survivors)]
-    assert sorted(ok) == survivors and all(u.reused for u in ok.values())
-    assert [(a.attempt, a.participants) for a in attempts] == [(1, DATA_SITES), (2, survivors)]
+    assert result.participants == sorted(result.updates) == survivors
+    assert all(u.reused for u in result.updates.values())
+    assert [(a.attempt, a.participants) for a in result.attempts] == [(1, DATA_SITES), (2, survivors)]
     assert dropped == {"onprem-dc2": "its pool lost its worker"}
     kept = {s: SitePrivate(ws, spec, "s3", s).kept_update(3) for s in survivors}
     plain = fedavg({s: (state, int(meta["rows"])) for s, (state, meta) in kept.items()}, rs.load_global(2))
-    assert all(torch.allclose(aggregate[k], plain[k], atol=1e-6) for k in plain)
+    assert all(torch.allclose(result.state[k], plain[k], atol=1e-6) for k in plain)
+
+
+def test_an_upload_racing_the_close_either_lands_first_and_counts_or_not_at_all(dropped_run):
+    """The aggregator seals the missing places before it closes an attempt; a site's upload and the seal race for the
+    same key (write-if-absent), so no masked update of a closed attempt lands after it was closed."""
+    from hybridtrain.federated import site as steps
+
+    ws, spec, _, outcome = dropped_run
+    copy_run(ws, "s1", "s4")
+    rs = round_store(ws, spec, "s4", AGG)
+    approved = {s: outcome.prepared()[s].anon.approved for s in DATA_SITES}
+    secure = sa.SecureRound(attempt=5, rows={s: p.stats.rows for s, p in outcome.prepared().items()},
+                            public_keys={s: p.public_key for s, p in outcome.prepared().items()})
+    # Sealed first: the site's upload finds the place taken and sends nothing.
+    assert rs.seal(3, 5, ["onprem-dc2"]) == ["onprem-dc2"]
+    with pytest.raises(sa.AttemptClosed, match="onprem-dc2: attempt 5 of round 3 was closed"):
+        steps.train_round(ws, spec, "onprem-dc2", "s4", 3, approved["onprem-dc2"], outcome.state.featurizer, AGG,
+                          secure)
+    assert rs.store.get_bytes(rs.masked_key(3, 5, "onprem-dc2")) == CLOSED
+    # Landed first (its report lost, e.g. the flow run was cancelled right after): the seal leaves it, and the
+    # attempt completes with it; the aggregate is the FedAvg of all three.
+    update = steps.train_round(ws, spec, "onprem-dc3", "s4", 3, approved["onprem-dc3"], outcome.state.featurizer,
+                               AGG, secure.model_copy(update={"attempt": 6}))
+    assert update.reused and rs.seal(3, 6, ["onprem-dc3"]) == []
+    for attempt in range(1, 6):
+        rs.close_attempt(3, attempt, DATA_SITES, {})  # the aggregator resumes at attempt 6 and asks all three
+    sites = Recording(ws, spec, "s4", AGG, KEY, down=lambda step, site, rnd: site == "onprem-dc3")
+    dropped: dict[str, str] = {}
+    result = secure_round(spec, "s4", rs, sites, 3, approved, outcome.state, 2, dropped)
+    assert result.participants == DATA_SITES and sorted(result.updates) == ["onprem-dc1", "onprem-dc2"]
+    assert result.attempts[-1].attempt == 6 and result.attempts[-1].dropped == {}
+    kept = {s: SitePrivate(ws, spec, "s4", s).kept_update(3) for s in DATA_SITES}
+    plain = fedavg({s: (state, int(meta["rows"])) for s, (state, meta) in kept.items()}, rs.load_global(2))
+    assert all(torch.allclose(result.state[k], plain[k], atol=1e-6) for k in plain)
