@@ -15,14 +15,17 @@ An example, round 3 of a job over sites ``a``, ``b``, ``c`` (participants P = {a
 4. Only the masked vector leaves ``a``. Each one alone is uniformly random to the aggregator;
    summed over P the masks cancel and ``decode`` gives the FedAvg weights.
 5. ``c`` drops before its vector arrives: the masks with ``c`` do not cancel, so the aggregator
-   closes attempt 1 and asks ``a`` and ``b`` for attempt 2 with P' = {a, b}. They mask their
-   kept ``w`` again, weighted by ``N_P'``, with fresh masks (attempt and P are in the HKDF info)
-   — no retraining.
+   seals ``c``'s place (write-if-absent: ``c``'s own upload is write-if-absent too, so a late
+   one either landed before — and the attempt is complete after all — or never lands), closes
+   attempt 1 and asks ``a`` and ``b`` for attempt 2 with P' = {a, b}. They mask their kept ``w``
+   again, weighted by ``N_P'``, with fresh masks (attempt and P are in the HKDF info) — no
+   retraining. Without the seal, a late ``y_c`` would complete attempt 1's sum, and that sum
+   minus attempt 2's would be ``c``'s update.
 
 Threat model: a semi-honest aggregator (it follows the protocol and reads everything it is sent)
 learns the weighted sum of P's updates and nothing else; colluding with some sites it learns the
 sum of the others. Not covered: an aggregator that hands out forged public keys or lies about P
-(active attacks), and a dropped site whose upload was already under way when its attempt closed.
+(active attacks).
 """
 
 from __future__ import annotations
