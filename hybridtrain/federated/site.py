@@ -131,8 +131,7 @@ class SitePrivate:
     def private_key(self) -> bytes:
         """The site's X25519 key for this job and run key, made on first use (prepared again: the same key)."""
         key = f"{self.prefix}/x25519.key"
-        if not self.store.exists(key):
-            self.store.put_bytes(key, secagg.new_private_key())
+        self.store.create(key, secagg.new_private_key())  # write-if-absent: two prepares in a race keep one key
         return self.store.get_bytes(key)
 
     def keep_update(self, rnd: int, state: dict, rows: int, metrics: dict[str, float], epsilon: float | None) -> None:
