@@ -296,7 +296,8 @@ class FederatedSummary(BaseModel):
         lines += [f"- {r}" for r in self.mode.get("reasons", [])]
         lines += ["", "| round | participants | dropped | global val auc |", "|---|---|---|---|"]
         for r in self.rounds:
-            lines.append(f"| {r['round']} | {', '.join(r['participants'])} | "
+            tries = f" ({len(r['attempts'])} secure-aggregation attempts)" if len(r.get("attempts", [])) > 1 else ""
+            lines.append(f"| {r['round']} | {', '.join(r['participants'])}{tries} | "
                          f"{'; '.join(f'{s}: {w}' for s, w in r['dropped'].items())[:200]} | "
                          f"{r['global_metrics'].get('val_auc', float('nan')):.4f} |")
         lines += ["", "Test metrics (row-weighted over the sites): "
@@ -322,7 +323,8 @@ def run_federated(ws: Workspace, job: JobSpec, decision: ModeDecision, run_id: s
     summary = FederatedSummary(
         job=job.name, flow_run_id=flow_run_id, mlflow_run_id=run_id, run_key=run_key,
         mode={"mode": decision.mode, "reasons": decision.reasons, "aggregation_site": agg},
-        rounds=[r.model_dump(mode="json", include={"round", "participants", "dropped", "global_metrics", "rows"})
+        rounds=[r.model_dump(mode="json", include={"round", "participants", "dropped", "global_metrics", "rows",
+                                                    "attempts"})
                 for r in outcome.state.rounds],
         metrics=outcome.metrics, model_name=promoted.model_name, model_version=promoted.version,
         promoted=promoted.promoted, gates=promoted.gates, cost_usd=promoted.cost_usd,

@@ -140,3 +140,18 @@ def test_a_secure_rounds_later_attempt_is_a_step_of_its_own_that_carries_the_par
                                                          ("fed-round-4-a2", ["dc1", "dc2"])]
     assert all(p["secure"] is first and p["rnd"] == 4 for p in calls[0][2].values())
     assert all(p["secure"] is second for p in calls[1][2].values())
+
+
+def test_the_run_summary_shows_a_round_that_took_more_than_one_secure_attempt():
+    from flows.federated import FederatedSummary
+
+    rounds = [{"round": 1, "participants": ["dc1", "dc2", "dc3"], "dropped": {}, "global_metrics": {"val_auc": 0.7},
+               "rows": {}, "attempts": [{"attempt": 1}]},
+              {"round": 2, "participants": ["dc1", "dc2"], "dropped": {"dc3": "site dc3 is down"},
+               "global_metrics": {"val_auc": 0.8}, "rows": {}, "attempts": [{"attempt": 1}, {"attempt": 2}]}]
+    summary = FederatedSummary(job="j", flow_run_id=None, mlflow_run_id="m", run_key="k", mode={}, rounds=rounds,
+                               metrics={"auc": 0.8}, model_name="m", model_version="1", promoted=False, gates={},
+                               cost_usd=0.0, bytes_crossed=0, resumed_after_round=None)
+    lines = summary.to_markdown().splitlines()
+    assert "| 1 | dc1, dc2, dc3 |  | 0.7000 |" in lines  # one attempt: nothing to say
+    assert "| 2 | dc1, dc2 (2 secure-aggregation attempts) | dc3: site dc3 is down | 0.8000 |" in lines
