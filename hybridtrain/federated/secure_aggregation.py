@@ -30,6 +30,7 @@ sum of the others. Not covered: an aggregator that hands out forged public keys 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -42,6 +43,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from pydantic import BaseModel, Field, model_validator
 
 from hybridtrain.errors import HybridtrainError
+from hybridtrain.federated.rounds import load_state, state_bytes
+from hybridtrain.storage.object_store import ObjectStore
 
 SCALE_BITS = 32
 SCALE = float(2 ** SCALE_BITS)
@@ -85,6 +88,41 @@ class SecureRound(BaseModel):
     @property
     def participants(self) -> list[str]:
         return sorted(self.rows)
+
+
+class SitePrivate:
+    """What a site keeps to itself under secure aggregation, in its own store: its private key, its plain updates.
+
+    Under ``federated-site/<job>/<run_key>/<site>/``: ``x25519.key`` and per round ``round-NNNN.pt``
+    (the weights) with ``round-NNNN.json`` (rows, metrics, epsilon; written last: the update is kept
+    once it is there). An SSH host of the site writes its round here too; the site's step masks it."""
+
+    def __init__(self, store: ObjectStore, job: str, run_key: str, site: str):
+        self.store = store
+        self.prefix = f"federated-site/{job}/{run_key}/{site}"
+
+    def private_key(self) -> bytes:
+        """The site's X25519 key for this job and run key, made on first use (prepared again: the same key)."""
+        key = f"{self.prefix}/x25519.key"
+        self.store.create(key, new_private_key())  # write-if-absent: two prepares in a race keep one key
+        return self.store.get_bytes(key)
+
+    def keep_update(self, rnd: int, state: Mapping[str, torch.Tensor], rows: int, metrics: dict[str, float],
+                    epsilon: float | None) -> bytes:
+        """Keep round ``rnd``'s plain update; returns its bytes."""
+        data = state_bytes(dict(state))
+        self.store.put_bytes(f"{self.prefix}/round-{rnd:04d}.pt", data)
+        self.store.put_bytes(f"{self.prefix}/round-{rnd:04d}.json",
+                             json.dumps({"rows": rows, "metrics": metrics, "epsilon": epsilon}).encode())
+        return data
+
+    def kept_update(self, rnd: int) -> tuple[dict[str, torch.Tensor], dict] | None:
+        """Round ``rnd``'s plain update and its rows, metrics and epsilon (None: not trained yet)."""
+        meta = f"{self.prefix}/round-{rnd:04d}.json"
+        if not self.store.exists(meta):
+            return None
+        return load_state(self.store.get_bytes(f"{self.prefix}/round-{rnd:04d}.pt")), json.loads(
+            self.store.get_bytes(meta))
 
 
 def new_private_key() -> bytes:

@@ -8,7 +8,7 @@ the policy is asked whether this site's update may go to the aggregation site (t
 as for its data); every crossing is written to the audit log.
 
 With ``training.federated.secure_aggregation`` a site also keeps things to itself, in its own
-store under ``federated-site/<job>/<run_key>/<site>/`` (``SitePrivate``): its X25519 private key
+store under ``federated-site/<job>/<run_key>/<site>/`` (``secure_aggregation.SitePrivate``): its X25519 private key
 and each round's plain update; what it sends instead is its public key at prepare and, per
 round, only its masked update (``hybridtrain.federated.secure_aggregation``).
 """
@@ -16,8 +16,8 @@ round, only its masked update (``hybridtrain.federated.secure_aggregation``).
 from __future__ import annotations
 
 import hashlib
-import json
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -27,7 +27,7 @@ from hybridtrain import stages
 from hybridtrain.datasets import partitioned
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.datasets.transfer import ModelMover, TransferRecord
-from hybridtrain.errors import Problem, SpecError
+from hybridtrain.errors import Problem, SpecError, TransientError
 from hybridtrain.federated import secure_aggregation as secagg
 from hybridtrain.federated.features import SiteFeatureStats
 from hybridtrain.federated.local import evaluate_state, train_local
@@ -121,31 +121,9 @@ def round_store(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site: st
     return RoundStore(stages.checkpoint_store(ws, ws.load_sites().get(aggregation_site)), spec.name, run_key)
 
 
-class SitePrivate:
-    """What a site keeps to itself under secure aggregation, in its own store: its private key, its plain updates."""
-
-    def __init__(self, ws: Workspace, spec: JobSpec, run_key: str, site: str):
-        self.store = stages.checkpoint_store(ws, ws.load_sites().get(site))
-        self.prefix = f"federated-site/{spec.name}/{run_key}/{site}"
-
-    def private_key(self) -> bytes:
-        """The site's X25519 key for this job and run key, made on first use (prepared again: the same key)."""
-        key = f"{self.prefix}/x25519.key"
-        self.store.create(key, secagg.new_private_key())  # write-if-absent: two prepares in a race keep one key
-        return self.store.get_bytes(key)
-
-    def keep_update(self, rnd: int, state: dict, rows: int, metrics: dict[str, float], epsilon: float | None) -> None:
-        self.store.put_bytes(f"{self.prefix}/round-{rnd:04d}.pt", state_bytes(state))
-        self.store.put_bytes(f"{self.prefix}/round-{rnd:04d}.json",
-                             json.dumps({"rows": rows, "metrics": metrics, "epsilon": epsilon}).encode())
-
-    def kept_update(self, rnd: int) -> tuple[dict, dict] | None:
-        """Round ``rnd``'s plain update and its rows, metrics and epsilon (None: not trained yet)."""
-        meta = f"{self.prefix}/round-{rnd:04d}.json"
-        if not self.store.exists(meta):
-            return None
-        return load_state(self.store.get_bytes(f"{self.prefix}/round-{rnd:04d}.pt")), json.loads(
-            self.store.get_bytes(meta))
+def site_private(ws: Workspace, spec: JobSpec, run_key: str, site: str) -> secagg.SitePrivate:
+    """What ``site`` keeps to itself under secure aggregation, in its own store."""
+    return secagg.SitePrivate(stages.checkpoint_store(ws, ws.load_sites().get(site)), spec.name, run_key, site)
 
 
 def prepare(ws: Workspace, spec: JobSpec, site: str, key: bytes, run_key: str, aggregation_site: str) -> SitePrepared:
@@ -165,7 +143,7 @@ def prepare(ws: Workspace, spec: JobSpec, site: str, key: bytes, run_key: str, a
                                sites.get(aggregation_site), f"feature statistics of {site} ({spec.name})"), transfers)
     public = None
     if spec.training.federated.secure_aggregation:
-        public = secagg.public_key(SitePrivate(ws, spec, run_key, site).private_key())
+        public = secagg.public_key(site_private(ws, spec, run_key, site).private_key())
         _cross(ws, ModelMover.send(public.encode(), rs.store, rs.public_key_key(site), sites.get(site),
                                    sites.get(aggregation_site), f"secure-aggregation public key of {site} "
                                                                 f"({spec.name})"), transfers)
@@ -193,9 +171,10 @@ def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int,
     host's report, whose crossings go to the audit log here as in-process ones do.
 
     With secure aggregation (``secure``: the attempt, its participants, their rows and public keys)
-    the site keeps its new weights to itself (``SitePrivate``) and sends only them masked for the
-    attempt; asked again for a later attempt of the same round it masks the kept weights again,
-    without training. It sends nothing to an attempt the aggregator has closed (``AttemptClosed``)."""
+    the site keeps its new weights to itself (``site_private``; an SSH host writes them there instead
+    of to the round store) and sends only them masked for the attempt; asked again for a later
+    attempt of the same round it masks the kept weights again, without training. It sends nothing
+    to an attempt the aggregator has closed (``AttemptClosed``)."""
     started = time.perf_counter()
     fed = spec.training.federated
     if fed.secure_aggregation != (secure is not None):
@@ -203,50 +182,91 @@ def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int,
                          f"{fed.secure_aggregation} but the step was {'' if secure else 'not '}given a SecureRound")
     check_route(ws, spec, site, aggregation_site)
     ssh = _ssh_credentials(ws, site)
-    if ssh is not None:
-        if secure is not None:  # validate refuses the spec already; a sites catalog changed since is caught here
-            raise SpecError(f"job {spec.name}", [Problem("training.federated.secure_aggregation", (
-                f"site {site} trains on SSH hosts, which secure aggregation does not support; set it to false"))])
-        return _train_round_on_host(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, ssh,
-                                    started)
+    if secure is None:
+        if ssh is not None:
+            return _train_round_on_host(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, ssh,
+                                        started)
+        return _send_round(ws, spec, site, run_key, rnd, aggregation_site, started,
+                           _train_here(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site), None)
+    rs = round_store(ws, spec, run_key, aggregation_site)
+    if rs.attempt_closed(rnd, secure.attempt):
+        raise secagg.AttemptClosed(site, rnd, secure.attempt)
+    private = site_private(ws, spec, run_key, site)
+    kept = private.kept_update(rnd)
+    if kept is not None:  # trained at an earlier attempt of this round: masked again, no training
+        state, meta = kept
+        trained = _Trained(state, int(meta["rows"]), meta["metrics"], meta["epsilon"], [], reused=True)
+    elif ssh is not None:  # the host keeps the update in the site's store; it is masked here
+        hosted = _train_round_on_host(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, ssh,
+                                      started, keep_at_site=True)
+        kept = private.kept_update(rnd)
+        if kept is None:
+            raise TransientError(f"site {site}: the host {hosted.host} reported round {rnd} done, but its update is "
+                                 f"not in the site's store ({private.prefix}); the round is tried again")
+        trained = _Trained(kept[0], hosted.rows, hosted.metrics, hosted.epsilon, hosted.transfers,
+                           host=hosted.host, job_id=hosted.job_id)
+    else:
+        trained = _train_here(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site)
+        private.keep_update(rnd, trained.state, trained.rows, trained.metrics, trained.epsilon)
+    return _send_round(ws, spec, site, run_key, rnd, aggregation_site, started, trained,
+                       (secure, private.private_key()))
+
+
+@dataclass
+class _Trained:
+    """A site's new weights for a round and what training measured."""
+
+    state: dict
+    rows: int
+    metrics: dict[str, float]
+    epsilon: float | None
+    transfers: list[TransferRecord]
+    reused: bool = False
+    host: str | None = None
+    job_id: str | None = None
+
+
+def _train_here(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,
+                featurizer: dict, aggregation_site: str) -> _Trained:
+    """Local epochs in this process from the global model of round ``rnd - 1``."""
+    fed = spec.training.federated
     rs = round_store(ws, spec, run_key, aggregation_site)
     transfers: list[TransferRecord] = []
-    private = SitePrivate(ws, spec, run_key, site) if secure is not None else None
-    kept = private.kept_update(rnd) if private is not None else None
-    if secure is not None and rs.attempt_closed(rnd, secure.attempt):
-        raise secagg.AttemptClosed(site, rnd, secure.attempt)
-    if kept is not None:
-        state, meta = kept
-        rows, metrics, epsilon = int(meta["rows"]), meta["metrics"], meta["epsilon"]
-    else:
-        global_state = _fetch_global(ws, rs, rnd - 1, site, aggregation_site, transfers)
-        train = _approved_splits(ws, approved, site, ["train"])
-        val = _approved_splits(ws, approved, site, ["val"])
-        result = train_local(spec.model, Featurizer.from_dict(featurizer), global_state, train, val,
-                             spec.data_schema.label, site=site, rnd=rnd, epochs=fed.local_epochs,
-                             mu=fed.mu if fed.aggregator == "fedprox" else 0.0, dp=fed.dp,
-                             threads=spec.model.threads or spec.resources.cpus)
-        state, rows, metrics, epsilon = result.state, result.rows, result.metrics, result.epsilon
-        if private is not None:
-            private.keep_update(rnd, state, rows, metrics, epsilon)
+    global_state = _fetch_global(ws, rs, rnd - 1, site, aggregation_site, transfers)
+    train = _approved_splits(ws, approved, site, ["train"])
+    val = _approved_splits(ws, approved, site, ["val"])
+    result = train_local(spec.model, Featurizer.from_dict(featurizer), global_state, train, val,
+                         spec.data_schema.label, site=site, rnd=rnd, epochs=fed.local_epochs,
+                         mu=fed.mu if fed.aggregator == "fedprox" else 0.0, dp=fed.dp,
+                         threads=spec.model.threads or spec.resources.cpus)
+    return _Trained(result.state, result.rows, result.metrics, result.epsilon, transfers)
+
+
+def _send_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, aggregation_site: str,
+                started: float, trained: _Trained, secure: tuple[secagg.SecureRound, bytes] | None) -> SiteUpdate:
+    """Send the round's update to the round store: plain, or (``secure``: the attempt and the site's private key)
+    only masked, written only where nothing is — when the aggregator closes an attempt it fills the missing sites'
+    places first, so an upload that races the close either lands before it or not at all."""
+    rs = round_store(ws, spec, run_key, aggregation_site)
     sites = ws.load_sites()
+    transfers = list(trained.transfers)
     if secure is None:
-        data = state_bytes(state)
+        data = state_bytes(trained.state)
         key, what = rs.update_key(rnd, site), rs.update_what(rnd, site)
     else:
-        data = _masked(spec, site, run_key, rnd, state, private.private_key(), secure)
-        key, what = rs.masked_key(rnd, secure.attempt, site), rs.masked_what(rnd, secure.attempt, site)
+        attempt = secure[0].attempt
+        data = _masked(spec, site, run_key, rnd, trained.state, secure[1], secure[0])
+        key, what = rs.masked_key(rnd, attempt, site), rs.masked_what(rnd, attempt, site)
     try:
-        # A masked update is written only where nothing is: when the aggregator closes an attempt it fills the
-        # missing sites' places first, so an upload that races the close either lands before it or not at all.
         _cross(ws, ModelMover.send(data, rs.store, key, sites.get(site), sites.get(aggregation_site), what,
                                    exclusive=secure is not None), transfers)
     except FileExistsError:
-        raise secagg.AttemptClosed(site, rnd, secure.attempt) from None
-    return SiteUpdate(site=site, round=rnd, rows=rows, metrics=metrics, epsilon=epsilon,
+        raise secagg.AttemptClosed(site, rnd, secure[0].attempt) from None
+    return SiteUpdate(site=site, round=rnd, rows=trained.rows, metrics=trained.metrics, epsilon=trained.epsilon,
                       update_sha256=hashlib.sha256(data).hexdigest(), transfers=transfers,
-                      seconds=time.perf_counter() - started, attempt=secure.attempt if secure else 1,
-                      masked_for=secure.participants if secure else [], reused=kept is not None)
+                      seconds=time.perf_counter() - started, host=trained.host, job_id=trained.job_id,
+                      attempt=secure[0].attempt if secure else 1, masked_for=secure[0].participants if secure else [],
+                      reused=trained.reused)
 
 
 def _masked(spec: JobSpec, site: str, run_key: str, rnd: int, state: dict, private: bytes,
@@ -279,13 +299,14 @@ def _ssh_credentials(ws: Workspace, site: str) -> SshCredentials | None:
 
 
 def _train_round_on_host(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,
-                         featurizer: dict, aggregation_site: str, ssh: SshCredentials, started: float) -> SiteUpdate:
+                         featurizer: dict, aggregation_site: str, ssh: SshCredentials, started: float,
+                         keep_at_site: bool = False) -> SiteUpdate:
     from hybridtrain.federated.remote_round import ssh_train_round  # lazy: heavy (paramiko)
 
     sites = ws.load_sites()
     s = sites.get(site)
     report, label = ssh_train_round(ws, spec, s, sites.get(aggregation_site), s.hosts[0], ssh.private_key,
-                                    ssh.known_hosts, run_key, rnd, approved, featurizer)
+                                    ssh.known_hosts, run_key, rnd, approved, featurizer, keep_at_site=keep_at_site)
     for record in report.transfers:
         _audit_crossing(ws, record)
     return SiteUpdate(site=site, round=rnd, rows=report.rows, metrics=report.metrics, epsilon=report.epsilon,

@@ -59,7 +59,7 @@ class FederatedSpec(_Strict):
         "every other participant (X25519 keys made at prepare) to its row-weighted update, the masks cancel in "
         "the sum, and the aggregator learns only the weighted mean, never one site's update. A site that drops "
         "before its masked update arrives makes the survivors mask their kept update again (no retraining). "
-        "Needs at least 2 sites per round; not for sites that train on SSH hosts.")
+        "Needs at least 2 sites per round.")
 
 
 class TrainingModeSpec(_Strict):

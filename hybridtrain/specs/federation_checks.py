@@ -51,11 +51,11 @@ def federation_problems(spec: JobSpec, sites: SitesCatalog | None) -> list[Probl
         p.append(Problem("training.federated.aggregation_site",
                          f"unknown site {fed.aggregation_site!r}; known: {', '.join(sites.names)}"))
     if fed.secure_aggregation:
-        p += _secure_aggregation_problems(spec, sites)
+        p += _secure_aggregation_problems(spec)
     return p
 
 
-def _secure_aggregation_problems(spec: JobSpec, sites: SitesCatalog | None) -> list[Problem]:
+def _secure_aggregation_problems(spec: JobSpec) -> list[Problem]:
     parts = spec.site_datasets()
     p: list[Problem] = []
     if spec.training.mode == "centralized":
@@ -65,10 +65,4 @@ def _secure_aggregation_problems(spec: JobSpec, sites: SitesCatalog | None) -> l
         p.append(Problem("training.federated.secure_aggregation", "needs at least 2 data sites (with one, the sum is "
                                                                   "that site's update): add sites to dataset.sites "
                                                                   "or remove it"))
-    for i, part in enumerate(parts):
-        if sites is not None and part.site in sites.names and sites.get(part.site).hosts:
-            where = "dataset.site" if i == 0 else f"dataset.sites[{i - 1}].site"
-            p.append(Problem(where, f"site {part.site} trains its federated rounds on SSH hosts, which write the plain "
-                                    "update to the round store: training.federated.secure_aggregation does not "
-                                    "support them; set it to false or use a data site without hosts"))
     return p

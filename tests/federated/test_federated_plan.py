@@ -147,23 +147,17 @@ def test_merged_featurizer_scales_like_one_fitted_on_the_union():
 
 def test_secure_aggregation_is_planned_and_refused_where_it_cannot_hold(fed_workspace):
     from hybridtrain.specs.federation_checks import federation_problems
-    from hybridtrain.specs.sites import SitesCatalog, SshHost
+    from hybridtrain.specs.sites import SitesCatalog
 
     root, parts = fed_workspace
     spec = load(root, federated_spec(root, parts, name="securefed", secure_aggregation=True))
     assert any(r.startswith("secure aggregation (training.federated.secure_aggregation)")
                for r in decide(root, spec).reasons)
-    # A data site that trains on an SSH host: the host would put the plain update in the round store.
     sites = SitesCatalog.load(root / "deployments" / "sites.yaml")
-    host = SshHost(hostname="127.0.0.1", username="train")
-    with_host = sites.model_copy(update={"sites": tuple(
-        s.model_copy(update={"hosts": (host,)}) if s.name == "onprem-dc2" else s for s in sites.sites)})
-    problems = federation_problems(spec, with_host)
-    assert [(p.path, "secure_aggregation does not support them" in p.message) for p in problems] == [
-        ("dataset.sites[0].site", True)]
-    assert federation_problems(spec.model_copy(update={"training": spec.training.model_copy(update={
-        "federated": spec.training.federated.model_copy(update={"secure_aggregation": False})})}), with_host) == []
+    assert federation_problems(spec, sites) == []
+    # With one data site the "sum" would be that site's update.
     single = spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"sites": []}),
                                      "training": spec.training.model_copy(update={"mode": "federated"})})
-    assert [p.path for p in federation_problems(single, sites)] == ["training.federated.min_sites",
-                                                                  "training.federated.secure_aggregation"]
+    problems = federation_problems(single, sites)
+    assert [p.path for p in problems] == ["training.federated.min_sites", "training.federated.secure_aggregation"]
+    assert "needs at least 2 data sites" in problems[1].message

@@ -12,7 +12,7 @@ from hybridtrain.federated.aggregation import fedavg
 from hybridtrain.federated.coordinator import InlineSites, run_federation, secure_round
 from hybridtrain.federated.registration import version_tags
 from hybridtrain.federated.rounds import CLOSED
-from hybridtrain.federated.site import SitePrivate, SiteUpdate, round_store
+from hybridtrain.federated.site import SiteUpdate, round_store, site_private
 from tests.fixtures.federated_jobs import DATA_SITES, federated_spec
 
 KEY = b"test-pseudonym-key-0123456789abcdef"
@@ -83,7 +83,7 @@ def test_each_rounds_global_model_is_fedavg_of_the_updates_the_sites_kept(droppe
     rs = round_store(ws, spec, "s1", AGG)
     for record in outcome.state.rounds:
         like = rs.load_global(record.round - 1)
-        kept = {s: SitePrivate(ws, spec, "s1", s).kept_update(record.round) for s in record.participants}
+        kept = {s: site_private(ws, spec, "s1", s).kept_update(record.round) for s in record.participants}
         plain = fedavg({s: (state, int(meta["rows"])) for s, (state, meta) in kept.items()}, like)
         secure = rs.load_global(record.round)
         for k in like:
@@ -103,7 +103,7 @@ def test_nothing_in_the_round_store_is_a_sites_plain_update(dropped_run):
         rnd = int(key.split("/round-")[1][:4])
         values = sa.decode(sa.from_bytes(rs.store.get_bytes(key)))
         for site in DATA_SITES:
-            kept = SitePrivate(ws, spec, "s1", site).kept_update(rnd)
+            kept = site_private(ws, spec, "s1", site).kept_update(rnd)
             if kept is None:
                 continue
             plain = sa.flatten(kept[0], like)
@@ -136,7 +136,7 @@ def test_a_site_does_not_upload_to_a_closed_attempt(dropped_run):
         steps.train_round(ws, spec, "onprem-dc3", "s1", 2, prepared["onprem-dc3"].anon.approved,
                           outcome.state.featurizer, AGG, secure)
     assert rs.store.get_bytes(rs.masked_key(2, 1, "onprem-dc3")) == CLOSED
-    assert SitePrivate(ws, spec, "s1", "onprem-dc3").kept_update(2) is None  # it did not even train
+    assert site_private(ws, spec, "s1", "onprem-dc3").kept_update(2) is None  # it did not even train
 
 
 def copy_run(ws, old: str, new: str) -> None:
@@ -167,7 +167,7 @@ def test_an_aggregator_that_resumes_mid_round_asks_the_survivors_of_the_last_clo
     assert all(u.reused for u in result.updates.values())
     assert [(a.attempt, a.participants) for a in result.attempts] == [(1, DATA_SITES), (2, survivors)]
     assert dropped == {"onprem-dc2": "its pool lost its worker"}
-    kept = {s: SitePrivate(ws, spec, "s3", s).kept_update(3) for s in survivors}
+    kept = {s: site_private(ws, spec, "s3", s).kept_update(3) for s in survivors}
     plain = fedavg({s: (state, int(meta["rows"])) for s, (state, meta) in kept.items()}, rs.load_global(2))
     assert all(torch.allclose(result.state[k], plain[k], atol=1e-6) for k in plain)
 
@@ -201,6 +201,6 @@ def test_an_upload_racing_the_close_either_lands_first_and_counts_or_not_at_all(
     result = secure_round(spec, "s4", rs, sites, 3, approved, outcome.state, 2, dropped)
     assert result.participants == DATA_SITES and sorted(result.updates) == ["onprem-dc1", "onprem-dc2"]
     assert result.attempts[-1].attempt == 6 and result.attempts[-1].dropped == {}
-    kept = {s: SitePrivate(ws, spec, "s4", s).kept_update(3) for s in DATA_SITES}
+    kept = {s: site_private(ws, spec, "s4", s).kept_update(3) for s in DATA_SITES}
     plain = fedavg({s: (state, int(meta["rows"])) for s, (state, meta) in kept.items()}, rs.load_global(2))
     assert all(torch.allclose(result.state[k], plain[k], atol=1e-6) for k in plain)
