@@ -41,6 +41,7 @@ from hybridtrain.federated import site as steps
 from hybridtrain.federated.coordinator import FederationOutcome, run_federation
 from hybridtrain.federated.planning import ModeDecision
 from hybridtrain.federated.registration import log_round, register_and_promote
+from hybridtrain.federated.secure_aggregation import SecureRound
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.workspace import Workspace
@@ -77,11 +78,12 @@ def federated_prepare(spec: JobSpec, site: str, run_id: str, run_key: str, aggre
 
 @flow(name="federated-round", flow_run_name="fed-round-{rnd}-{site}", log_prints=True)
 def federated_round(spec: JobSpec, site: str, run_id: str, run_key: str, rnd: int, approved: DatasetVersion,
-                    featurizer: dict, aggregation_site: str, tag: str,
-                    workspace: str | None = None) -> steps.SiteUpdate:
-    """Round ``rnd`` at ``site``: global weights in, local epochs, the update out."""
+                    featurizer: dict, aggregation_site: str, tag: str, workspace: str | None = None,
+                    secure: SecureRound | None = None) -> steps.SiteUpdate:
+    """Round ``rnd`` at ``site``: global weights in, local epochs, the update out (with ``secure``: kept at the
+    site, only masked for that attempt's participants)."""
     ws = run_workspace(workspace)
-    out = train_round(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site)
+    out = train_round(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, secure)
     stages.save_result(ws, run_id, tag, out)
     return out
 
@@ -253,10 +255,16 @@ class PoolSites:
     def prepare(self, sites: list[str], rnd: int = 0) -> dict[str, steps.SitePrepared | str]:
         return self._each(federated_prepare, steps.SitePrepared, sites, f"fed-prepare-r{rnd}", {})
 
-    def train(self, rnd: int, approved: dict[str, DatasetVersion],
-              featurizer: dict) -> dict[str, steps.SiteUpdate | str]:
+    def train(self, rnd: int, approved: dict[str, DatasetVersion], featurizer: dict,
+              secure: SecureRound | None = None) -> dict[str, steps.SiteUpdate | str]:
+        """Round ``rnd`` in the sites' pools. A secure round's later attempts (a participant dropped) are steps of
+        their own (tag ``fed-round-<rnd>-a<attempt>``): keyed apart from attempt 1, adopted like it after a restart."""
         params = {s: {"rnd": rnd, "approved": v, "featurizer": featurizer} for s, v in approved.items()}
-        return self._each(federated_round, steps.SiteUpdate, sorted(approved), f"fed-round-{rnd}", params)
+        tag = f"fed-round-{rnd}"
+        if secure is not None:
+            params = {s: {**p, "secure": secure} for s, p in params.items()}
+            tag += f"-a{secure.attempt}" if secure.attempt > 1 else ""
+        return self._each(federated_round, steps.SiteUpdate, sorted(approved), tag, params)
 
     def evaluate(self, rnd: int, approved: dict[str, DatasetVersion],
                  featurizer: dict) -> dict[str, steps.SiteEvaluation | str]:
@@ -288,7 +296,8 @@ class FederatedSummary(BaseModel):
         lines += [f"- {r}" for r in self.mode.get("reasons", [])]
         lines += ["", "| round | participants | dropped | global val auc |", "|---|---|---|---|"]
         for r in self.rounds:
-            lines.append(f"| {r['round']} | {', '.join(r['participants'])} | "
+            tries = f" ({len(r['attempts'])} secure-aggregation attempts)" if len(r.get("attempts", [])) > 1 else ""
+            lines.append(f"| {r['round']} | {', '.join(r['participants'])}{tries} | "
                          f"{'; '.join(f'{s}: {w}' for s, w in r['dropped'].items())[:200]} | "
                          f"{r['global_metrics'].get('val_auc', float('nan')):.4f} |")
         lines += ["", "Test metrics (row-weighted over the sites): "
@@ -314,7 +323,8 @@ def run_federated(ws: Workspace, job: JobSpec, decision: ModeDecision, run_id: s
     summary = FederatedSummary(
         job=job.name, flow_run_id=flow_run_id, mlflow_run_id=run_id, run_key=run_key,
         mode={"mode": decision.mode, "reasons": decision.reasons, "aggregation_site": agg},
-        rounds=[r.model_dump(mode="json", include={"round", "participants", "dropped", "global_metrics", "rows"})
+        rounds=[r.model_dump(mode="json", include={"round", "participants", "dropped", "global_metrics", "rows",
+                                                    "attempts"})
                 for r in outcome.state.rounds],
         metrics=outcome.metrics, model_name=promoted.model_name, model_version=promoted.version,
         promoted=promoted.promoted, gates=promoted.gates, cost_usd=promoted.cost_usd,

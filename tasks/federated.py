@@ -10,6 +10,7 @@ from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.federated import site as steps
 from hybridtrain.federated.planning import ModeDecision, decide_mode
+from hybridtrain.federated.secure_aggregation import SecureRound
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.workspace import Workspace
 from tasks.data import pseudonym_key
@@ -31,8 +32,8 @@ def prepare_site(ws: Workspace, spec: JobSpec, site: str, run_key: str, aggregat
 
 @task(name="federated-train-round")
 def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,
-                featurizer: dict, aggregation_site: str) -> steps.SiteUpdate:
-    return steps.train_round(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site)
+                featurizer: dict, aggregation_site: str, secure: SecureRound | None = None) -> steps.SiteUpdate:
+    return steps.train_round(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, secure)
 
 
 @task(name="federated-evaluate-site")

@@ -105,10 +105,14 @@ class ModelMover:
 
     @staticmethod
     def send(data: bytes, store: ObjectStore, key: str, source: Site, destination: Site,
-             what: str) -> TransferRecord | None:
-        """Write ``data`` to ``destination``'s ``store`` under ``key``."""
+             what: str, exclusive: bool = False) -> TransferRecord | None:
+        """Write ``data`` to ``destination``'s ``store`` under ``key``. ``exclusive``: only if nothing else is there
+        (``FileExistsError`` when other bytes are; the same bytes, from a retried send, count as sent)."""
         started = time.perf_counter()
-        store.put_bytes(key, data)
+        if not exclusive:
+            store.put_bytes(key, data)
+        elif not store.create(key, data) and store.get_bytes(key) != data:
+            raise FileExistsError(f"{key} in {store.url} already holds other bytes; {what} was not sent")
         return ModelMover._record(len(data), source, destination, what, time.perf_counter() - started)
 
     @staticmethod

@@ -10,7 +10,8 @@ by ``hybridtrain.federated.remote_round``):
    data is never here, and the approved rows never leave the site);
 3. reads the global model of round N-1 from the round store at the aggregation site and trains
    ``local_epochs`` from it (``train_local``: FedAvg or FedProx, DP-SGD when configured);
-4. writes its update to the round store, and ``BUNDLE_DIR/round.json`` (RoundReport: rows,
+4. writes its update to the round store (with secure aggregation: to the site's own store, where
+   the site's step masks it), and ``BUNDLE_DIR/round.json`` (RoundReport: rows,
    metrics, epsilon, the update's sha256, both crossings as ``ModelMover`` recorded them, this
    host's name and process id) — all the control side ever reads back.
 
@@ -37,6 +38,7 @@ from hybridtrain.datasets.transfer import ModelMover, TransferRecord
 from hybridtrain.errors import HybridtrainError
 from hybridtrain.federated.local import train_local
 from hybridtrain.federated.rounds import RoundStore, load_state, state_bytes
+from hybridtrain.federated.secure_aggregation import SitePrivate
 from hybridtrain.remote.host_training import ERROR_FILES, PREFIX, materialize
 from hybridtrain.remote.job_bundle import JobBundle
 from hybridtrain.specs.sites import CHECKPOINT_SUBDIR, Site
@@ -54,6 +56,8 @@ class RoundBundle(JobBundle):
     round: int = Field(ge=1, description="The round to train: from the global model of round - 1.")
     featurizer: dict[str, Any] = Field(description="The global featurizer (Featurizer.to_dict()).")
     aggregation_site: Site = Field(description="Where the round store is: global models in, the update out.")
+    keep_at_site: bool = Field(False, description="Secure aggregation: keep the update in the site's own store "
+                                                  "(SitePrivate); the site's step masks it and sends only that.")
 
 
 class RoundReport(BaseModel):
@@ -96,18 +100,24 @@ def run(bundle_dir: Path | str, *, out: Callable[[str], None] | None = None) -> 
                          spec.data_schema.label, site=site.name, rnd=rnd, epochs=fed.local_epochs,
                          mu=fed.mu if fed.aggregator == "fedprox" else 0.0, dp=fed.dp,
                          threads=spec.model.threads or spec.resources.cpus)
-    update = state_bytes(result.state)
-    record = ModelMover.send(update, rs.store, rs.update_key(rnd, site.name), site, agg,
-                             rs.update_what(rnd, site.name))
-    transfers += [record] if record is not None else []
+    if bundle.keep_at_site:  # within the site: no crossing; the site's step masks it
+        private = SitePrivate(open_store(site.store, Path(bundle.workdir), CHECKPOINT_SUBDIR, site=site.name),
+                              spec.name, bundle.run_key, site.name)
+        update = private.keep_update(rnd, result.state, result.rows, result.metrics, result.epsilon)
+    else:
+        update = state_bytes(result.state)
+        record = ModelMover.send(update, rs.store, rs.update_key(rnd, site.name), site, agg,
+                                 rs.update_what(rnd, site.name))
+        transfers += [record] if record is not None else []
     report = RoundReport(job_id=bundle.job_id, site=site.name, round=rnd, rows=result.rows, metrics=result.metrics,
                          epsilon=result.epsilon, update_sha256=hashlib.sha256(update).hexdigest(),
                          transfers=transfers, seconds=time.perf_counter() - started,
                          hostname=socket.gethostname(), pid=os.getpid())
     _write_atomic(bundle_dir / REPORT_FILE, report.model_dump_json(indent=1))
     shown = " ".join(f"{k}={v:.4f}" for k, v in result.metrics.items() if k in ("train_loss", "val_auc"))
+    where = f"kept at {site.name} (to be masked)" if bundle.keep_at_site else f"sent to {agg.name}"
     say(f"{PREFIX} round {rnd} done: {result.rows} rows, {fed.local_epochs} local epoch(s), {shown}; "
-        f"update {len(update)} bytes sent to {agg.name}")
+        f"update {len(update)} bytes {where}")
     return report
 
 

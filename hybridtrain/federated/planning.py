@@ -147,6 +147,10 @@ def decide_mode(spec: JobSpec, sites: SitesCatalog, policy: Policy, now: datetim
                    + f"), {fed.rounds} rounds of {fed.local_epochs} local epoch(s); a round needs "
                    f"{required_sites(spec)} of {len(data_sites)} sites; every update is policy-checked, recorded "
                    "and charged like data")
+    if fed.secure_aggregation:
+        reasons.append("secure aggregation (training.federated.secure_aggregation): each site sends its update "
+                       "masked with pairwise masks that cancel in the sum; the aggregator learns only the weighted "
+                       "mean, and a site that drops out makes the others mask again (no retraining)")
     return ModeDecision("federated", tuple(data_sites), aggregator, reasons,
                         rejections if not allowed_central else {})
 

@@ -5,7 +5,8 @@ Per round the run logs the incoming global model's metrics on the participants' 
 (``site.<site>.<metric>``, step = round), plus ``participants``. The registered version goes
 through ``stages.promote`` like a centralized one — the same gates, bundle, ledger and release —
 and additionally carries every site's dataset DVC hashes, the rounds, each round's participants,
-drop-outs and the SSH host each SSH site trained it on (``site_hosts``), and the DP parameters and epsilon (tags ``hybridtrain.federated.*``). The ledger
+drop-outs and the SSH host each SSH site trained it on (``site_hosts``), the DP parameters and epsilon, and
+with secure aggregation its scheme and the rounds that needed more than one attempt (tags ``hybridtrain.federated.*``). The ledger
 charges each site's compute (one attempt per site and round; a dropped site's round as wasted)
 and every update, global-model and statistics crossing.
 """
@@ -47,6 +48,10 @@ def version_tags(spec: JobSpec, outcome: FederationOutcome, aggregation_site: st
             "update_bytes": str(sum(t.bytes for t in outcome.transfers))}
     if fed.aggregator == "fedprox":
         tags["mu"] = f"{fed.mu:g}"
+    if fed.secure_aggregation:  # the aggregator saw only masked updates and their sum
+        tags["secure_aggregation"] = "pairwise-masking-x25519-chacha20"
+        tags["secure_attempts"] = json.dumps({r.round: [a.model_dump(mode="json") for a in r.attempts]
+                                              for r in outcome.state.rounds if len(r.attempts) > 1})[:4000]
     for site, prepared in outcome.prepared().items():
         for ds in (prepared.prep.raw, prepared.prep.curated, prepared.anon.approved):
             tags[f"site.{site}.dataset.{ds.tier}.md5"] = ds.md5

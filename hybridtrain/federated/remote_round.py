@@ -55,8 +55,10 @@ def round_job_id(job: str, run_key: str, rnd: int, site: str) -> str:
 def ssh_train_round(ws: Workspace, spec: JobSpec, site: Site, aggregation_site: Site, host: SshHost,
                     private_key: str | SecretStr, known_hosts: str, run_key: str, rnd: int, approved: DatasetVersion,
                     featurizer: dict, on_line: Callable[[str], None] | None = None, *,
-                    poll_interval: float = 0.5, timeout: float | None = None) -> tuple[RoundReport, str]:
+                    poll_interval: float = 0.5, timeout: float | None = None,
+                    keep_at_site: bool = False) -> tuple[RoundReport, str]:
     """Round ``rnd`` of ``site`` on ``host``; returns the host's report and the host's label (``user@host:port``).
+    ``keep_at_site`` (secure aggregation): the host keeps the update in the site's own store instead of sending it.
 
     Raises SiteUnavailable when the host cannot be reached, HostKeyRejected / AuthRefused for a
     wrong block, RemoteJobFailed when the job fails or outlives ``timeout`` (default
@@ -72,7 +74,8 @@ def ssh_train_round(ws: Workspace, spec: JobSpec, site: Site, aggregation_site: 
             bundle = RoundBundle(
                 job_id=job_id, code_version=code_version(ws.root), spec=spec.to_dict(), approved=approved,
                 site=portable_site(ws, site), workdir=remote.workdir, run_key=run_key, round=rnd,
-                featurizer=featurizer, aggregation_site=portable_site(ws, aggregation_site))
+                featurizer=featurizer, aggregation_site=portable_site(ws, aggregation_site),
+                keep_at_site=keep_at_site)
             # Staged in a private temp dir, so the stores' credentials do not stay on this disk.
             with tempfile.TemporaryDirectory(prefix=f"hybridtrain-{job_id}-") as staging:
                 remote_bundle = remote.upload_dir(bundle.write(Path(staging) / "bundle"),

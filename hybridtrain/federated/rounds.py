@@ -5,7 +5,11 @@ site's store: ``global/round-NNNN.pt`` (the global weights after round N; round 
 initialization) and ``state.json``. A round is committed by writing its weights, then the state
 that names it, so a crash between the two leaves the previous round current: ``resume`` picks
 up the last committed round and the run goes on from the next. Sites write their updates to
-``updates/round-NNNN/<site>.pt`` beside them (through ``ModelMover``).
+``updates/round-NNNN/<site>.pt`` beside them (through ``ModelMover``). With secure aggregation
+they write ``keys/<site>.x25519.pub`` at prepare and, per attempt of a round, only their masked
+vectors ``updates/round-NNNN/attempt-AA/<site>.masked``. When a participant drops out, the
+aggregator writes ``CLOSED`` in the empty places (``seal``: write-if-absent, so a late upload
+cannot land after it) and ``closed.json`` beside them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,17 @@ from pydantic import BaseModel, Field
 
 from hybridtrain.datasets.transfer import TransferRecord
 from hybridtrain.storage.object_store import ObjectStore
+
+#: What the aggregator writes in the place of a masked update that did not arrive before it closed the attempt.
+CLOSED = b"closed: this site's masked update did not arrive before the attempt was closed\n"
+
+
+class SecureAttempt(BaseModel):
+    """One attempt of a securely aggregated round: whom it asked, and who dropped before their masked update arrived."""
+
+    attempt: int
+    participants: list[str]
+    dropped: dict[str, str] = Field(default_factory=dict)
 
 
 class RoundRecord(BaseModel):
@@ -39,6 +54,10 @@ class RoundRecord(BaseModel):
     transfers: list[TransferRecord] = Field(default_factory=list, description="Every crossing of the round.")
     seconds: float = 0.0
     global_sha256: str = ""
+    secure_aggregation: bool = Field(False, description="The aggregator saw only the masked updates' sum.")
+    attempts: list[SecureAttempt] = Field(
+        default_factory=list, description="Secure aggregation: each attempt of the round (more than one when a "
+        "participant dropped before its masked update arrived; the survivors masked their kept update again).")
 
 
 class FederationState(BaseModel):
@@ -88,6 +107,53 @@ class RoundStore:
     def update_what(self, rnd: int, site: str) -> str:
         """How a transfer record names ``site``'s update of round ``rnd``."""
         return f"model update round {rnd} of {site} ({self.prefix})"
+
+    def attempt_prefix(self, rnd: int, attempt: int) -> str:
+        return f"{self.prefix}/updates/round-{rnd:04d}/attempt-{attempt:02d}"
+
+    def masked_key(self, rnd: int, attempt: int, site: str) -> str:
+        """Where ``site``'s masked update of attempt ``attempt`` of round ``rnd`` goes (secure aggregation)."""
+        return f"{self.attempt_prefix(rnd, attempt)}/{site}.masked"
+
+    def masked_what(self, rnd: int, attempt: int, site: str) -> str:
+        return f"model update round {rnd} of {site}, masked (attempt {attempt}, {self.prefix})"
+
+    def public_key_key(self, site: str) -> str:
+        return f"{self.prefix}/keys/{site}.x25519.pub"
+
+    def begin_attempt(self, rnd: int, attempt: int, participants: list[str]) -> list[str]:
+        """The participants of an attempt: ``participants`` if it is new, else the ones written when it began."""
+        key = f"{self.attempt_prefix(rnd, attempt)}/asked.json"
+        if not self.store.create(key, json.dumps(sorted(participants)).encode()):
+            return list(json.loads(self.store.get_bytes(key)))
+        return sorted(participants)
+
+    def seal(self, rnd: int, attempt: int, sites: list[str]) -> list[str]:
+        """Fill the places of ``sites``' masked updates of an attempt with ``CLOSED`` where still empty (atomically:
+        a site's upload and this seal race for the same key, one wins); returns the sites now sealed out. A site
+        whose update landed first is not: then the attempt may still be complete."""
+        sealed = []
+        for site in sites:
+            key = self.masked_key(rnd, attempt, site)
+            if self.store.create(key, CLOSED) or self.store.get_bytes(key) == CLOSED:
+                sealed.append(site)
+        return sealed
+
+    def close_attempt(self, rnd: int, attempt: int, participants: list[str], dropped: dict[str, str]) -> None:
+        """Mark an attempt closed (after ``seal``): a participant dropped; the survivors are asked again."""
+        marker = SecureAttempt(attempt=attempt, participants=participants, dropped=dropped)
+        self.store.put_bytes(f"{self.attempt_prefix(rnd, attempt)}/closed.json", marker.model_dump_json().encode())
+
+    def attempt_closed(self, rnd: int, attempt: int) -> bool:
+        return self.store.exists(f"{self.attempt_prefix(rnd, attempt)}/closed.json")
+
+    def closed_attempts(self, rnd: int) -> list[SecureAttempt]:
+        """The closed attempts of round ``rnd``, in order (an aggregator that resumes goes on after the last one)."""
+        closed = []
+        while self.attempt_closed(rnd, len(closed) + 1):
+            closed.append(SecureAttempt.model_validate_json(
+                self.store.get_bytes(f"{self.attempt_prefix(rnd, len(closed) + 1)}/closed.json")))
+        return closed
 
     def stats_key(self, site: str) -> str:
         return f"{self.prefix}/features/{site}.json"

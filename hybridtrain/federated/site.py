@@ -6,12 +6,18 @@ only on the approved result. What leaves is what ``ModelMover`` records: the fea
 statistics once, each round's weights, and the global model coming in. Before anything is sent
 the policy is asked whether this site's update may go to the aggregation site (the same check
 as for its data); every crossing is written to the audit log.
+
+With ``training.federated.secure_aggregation`` a site also keeps things to itself, in its own
+store under ``federated-site/<job>/<run_key>/<site>/`` (``secure_aggregation.SitePrivate``): its X25519 private key
+and each round's plain update; what it sends instead is its public key at prepare and, per
+round, only its masked update (``hybridtrain.federated.secure_aggregation``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -21,7 +27,8 @@ from hybridtrain import stages
 from hybridtrain.datasets import partitioned
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.datasets.transfer import ModelMover, TransferRecord
-from hybridtrain.errors import Problem, SpecError
+from hybridtrain.errors import Problem, SpecError, TransientError
+from hybridtrain.federated import secure_aggregation as secagg
 from hybridtrain.federated.features import SiteFeatureStats
 from hybridtrain.federated.local import evaluate_state, train_local
 from hybridtrain.federated.rounds import RoundStore, load_state, state_bytes
@@ -40,6 +47,7 @@ class SitePrepared(BaseModel):
     prep: stages.PreprocessResult
     anon: stages.AnonymizeResult
     stats: SiteFeatureStats
+    public_key: str | None = Field(None, description="Secure aggregation: the site's X25519 public key (hex).")
     transfers: list[TransferRecord] = Field(default_factory=list)
     seconds: float
 
@@ -59,6 +67,11 @@ class SiteUpdate(BaseModel):
                                                "the site's worker process.")
     job_id: str | None = Field(None, description="The job's id on that host (its log and bundle are under "
                                                  "<workdir>/jobs/<job_id>).")
+    attempt: int = Field(1, description="Secure aggregation: the attempt of the round this update was masked for.")
+    masked_for: list[str] = Field(default_factory=list, description="Secure aggregation: the participants whose "
+                                                                    "masks it carries (empty: a plain update).")
+    reused: bool = Field(False, description="Secure aggregation: masked again from the update the site kept at an "
+                                            "earlier attempt, without training.")
 
 
 class SiteEvaluation(BaseModel):
@@ -108,6 +121,11 @@ def round_store(ws: Workspace, spec: JobSpec, run_key: str, aggregation_site: st
     return RoundStore(stages.checkpoint_store(ws, ws.load_sites().get(aggregation_site)), spec.name, run_key)
 
 
+def site_private(ws: Workspace, spec: JobSpec, run_key: str, site: str) -> secagg.SitePrivate:
+    """What ``site`` keeps to itself under secure aggregation, in its own store."""
+    return secagg.SitePrivate(stages.checkpoint_store(ws, ws.load_sites().get(site)), spec.name, run_key, site)
+
+
 def prepare(ws: Workspace, spec: JobSpec, site: str, key: bytes, run_key: str, aggregation_site: str) -> SitePrepared:
     """Raw → curated → approved at ``site`` (its part only), then its feature statistics to the aggregator."""
     started = time.perf_counter()
@@ -123,7 +141,13 @@ def prepare(ws: Workspace, spec: JobSpec, site: str, key: bytes, run_key: str, a
     transfers: list[TransferRecord] = []
     _cross(ws, ModelMover.send(stats.model_dump_json().encode(), rs.store, rs.stats_key(site), sites.get(site),
                                sites.get(aggregation_site), f"feature statistics of {site} ({spec.name})"), transfers)
-    return SitePrepared(site=site, prep=prep, anon=anon, stats=stats, transfers=transfers,
+    public = None
+    if spec.training.federated.secure_aggregation:
+        public = secagg.public_key(site_private(ws, spec, run_key, site).private_key())
+        _cross(ws, ModelMover.send(public.encode(), rs.store, rs.public_key_key(site), sites.get(site),
+                                   sites.get(aggregation_site), f"secure-aggregation public key of {site} "
+                                                                f"({spec.name})"), transfers)
+    return SitePrepared(site=site, prep=prep, anon=anon, stats=stats, public_key=public, transfers=transfers,
                         seconds=time.perf_counter() - started)
 
 
@@ -137,21 +161,75 @@ def _fetch_global(ws: Workspace, rs: RoundStore, rnd: int, site: str, aggregatio
 
 
 def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,
-                featurizer: dict, aggregation_site: str) -> SiteUpdate:
+                featurizer: dict, aggregation_site: str, secure: secagg.SecureRound | None = None) -> SiteUpdate:
     """Round ``rnd`` at ``site``: fetch the global model of round ``rnd - 1``, train ``local_epochs``
     on the approved part, send the new weights to the aggregator.
 
     A site that lists SSH hosts trains the round on its first host (``remote_round``): the host
     reads the approved part from the site's store and the global model from the round store, and
     writes the update there; this process checks the route first and then gets back only the
-    host's report, whose crossings go to the audit log here as in-process ones do."""
+    host's report, whose crossings go to the audit log here as in-process ones do.
+
+    With secure aggregation (``secure``: the attempt, its participants, their rows and public keys)
+    the site keeps its new weights to itself (``site_private``; an SSH host writes them there instead
+    of to the round store) and sends only them masked for the attempt; asked again for a later
+    attempt of the same round it masks the kept weights again, without training. It sends nothing
+    to an attempt the aggregator has closed (``AttemptClosed``)."""
     started = time.perf_counter()
     fed = spec.training.federated
+    if fed.secure_aggregation != (secure is not None):
+        raise ValueError(f"round {rnd} of {site}: training.federated.secure_aggregation is "
+                         f"{fed.secure_aggregation} but the step was {'' if secure else 'not '}given a SecureRound")
     check_route(ws, spec, site, aggregation_site)
     ssh = _ssh_credentials(ws, site)
-    if ssh is not None:
-        return _train_round_on_host(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, ssh,
-                                    started)
+    if secure is None:
+        if ssh is not None:
+            return _train_round_on_host(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, ssh,
+                                        started)
+        return _send_round(ws, spec, site, run_key, rnd, aggregation_site, started,
+                           _train_here(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site), None)
+    rs = round_store(ws, spec, run_key, aggregation_site)
+    if rs.attempt_closed(rnd, secure.attempt):
+        raise secagg.AttemptClosed(site, rnd, secure.attempt)
+    private = site_private(ws, spec, run_key, site)
+    kept = private.kept_update(rnd)
+    if kept is not None:  # trained at an earlier attempt of this round: masked again, no training
+        state, meta = kept
+        trained = _Trained(state, int(meta["rows"]), meta["metrics"], meta["epsilon"], [], reused=True)
+    elif ssh is not None:  # the host keeps the update in the site's store; it is masked here
+        hosted = _train_round_on_host(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, ssh,
+                                      started, keep_at_site=True)
+        kept = private.kept_update(rnd)
+        if kept is None:
+            raise TransientError(f"site {site}: the host {hosted.host} reported round {rnd} done, but its update is "
+                                 f"not in the site's store ({private.prefix}); the round is tried again")
+        trained = _Trained(kept[0], hosted.rows, hosted.metrics, hosted.epsilon, hosted.transfers,
+                           host=hosted.host, job_id=hosted.job_id)
+    else:
+        trained = _train_here(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site)
+        private.keep_update(rnd, trained.state, trained.rows, trained.metrics, trained.epsilon)
+    return _send_round(ws, spec, site, run_key, rnd, aggregation_site, started, trained,
+                       (secure, private.private_key()))
+
+
+@dataclass
+class _Trained:
+    """A site's new weights for a round and what training measured."""
+
+    state: dict
+    rows: int
+    metrics: dict[str, float]
+    epsilon: float | None
+    transfers: list[TransferRecord]
+    reused: bool = False
+    host: str | None = None
+    job_id: str | None = None
+
+
+def _train_here(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,
+                featurizer: dict, aggregation_site: str) -> _Trained:
+    """Local epochs in this process from the global model of round ``rnd - 1``."""
+    fed = spec.training.federated
     rs = round_store(ws, spec, run_key, aggregation_site)
     transfers: list[TransferRecord] = []
     global_state = _fetch_global(ws, rs, rnd - 1, site, aggregation_site, transfers)
@@ -161,13 +239,49 @@ def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int,
                          spec.data_schema.label, site=site, rnd=rnd, epochs=fed.local_epochs,
                          mu=fed.mu if fed.aggregator == "fedprox" else 0.0, dp=fed.dp,
                          threads=spec.model.threads or spec.resources.cpus)
-    data = state_bytes(result.state)
+    return _Trained(result.state, result.rows, result.metrics, result.epsilon, transfers)
+
+
+def _send_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, aggregation_site: str,
+                started: float, trained: _Trained, secure: tuple[secagg.SecureRound, bytes] | None) -> SiteUpdate:
+    """Send the round's update to the round store: plain, or (``secure``: the attempt and the site's private key)
+    only masked, written only where nothing is — when the aggregator closes an attempt it fills the missing sites'
+    places first, so an upload that races the close either lands before it or not at all."""
+    rs = round_store(ws, spec, run_key, aggregation_site)
     sites = ws.load_sites()
-    _cross(ws, ModelMover.send(data, rs.store, rs.update_key(rnd, site), sites.get(site), sites.get(aggregation_site),
-                               rs.update_what(rnd, site)), transfers)
-    return SiteUpdate(site=site, round=rnd, rows=result.rows, metrics=result.metrics, epsilon=result.epsilon,
+    transfers = list(trained.transfers)
+    if secure is None:
+        data = state_bytes(trained.state)
+        key, what = rs.update_key(rnd, site), rs.update_what(rnd, site)
+    else:
+        attempt = secure[0].attempt
+        data = _masked(spec, site, run_key, rnd, trained.state, secure[1], secure[0])
+        key, what = rs.masked_key(rnd, attempt, site), rs.masked_what(rnd, attempt, site)
+    try:
+        _cross(ws, ModelMover.send(data, rs.store, key, sites.get(site), sites.get(aggregation_site), what,
+                                   exclusive=secure is not None), transfers)
+    except FileExistsError:
+        raise secagg.AttemptClosed(site, rnd, secure[0].attempt) from None
+    return SiteUpdate(site=site, round=rnd, rows=trained.rows, metrics=trained.metrics, epsilon=trained.epsilon,
                       update_sha256=hashlib.sha256(data).hexdigest(), transfers=transfers,
-                      seconds=time.perf_counter() - started)
+                      seconds=time.perf_counter() - started, host=trained.host, job_id=trained.job_id,
+                      attempt=secure[0].attempt if secure else 1, masked_for=secure[0].participants if secure else [],
+                      reused=trained.reused)
+
+
+def _masked(spec: JobSpec, site: str, run_key: str, rnd: int, state: dict, private: bytes,
+            secure: secagg.SecureRound) -> bytes:
+    """``site``'s share of the weighted mean (``state`` * its rows / the participants' rows), masked for ``secure``."""
+    if site not in secure.rows:
+        raise ValueError(f"round {rnd}: site {site} is not among the participants {secure.participants}")
+    if secure.public_keys[site] != secagg.public_key(private):
+        raise SpecError(f"job {spec.name}", [Problem(f"{site}.public_key", (
+            f"the aggregator's public key for site {site} is not the one this site made for run key {run_key} "
+            "(its key in federated-site/ was replaced?): start the job again with a new run key"))])
+    weight = secure.rows[site] / sum(secure.rows.values())
+    encoded = secagg.encode(site, secagg.flatten(state, state) * weight, len(secure.rows))
+    masked = secagg.mask(site, encoded, private, secure.public_keys, [spec.name, run_key, rnd, secure.attempt])
+    return secagg.to_bytes(masked)
 
 
 def _ssh_credentials(ws: Workspace, site: str) -> SshCredentials | None:
@@ -185,13 +299,14 @@ def _ssh_credentials(ws: Workspace, site: str) -> SshCredentials | None:
 
 
 def _train_round_on_host(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,
-                         featurizer: dict, aggregation_site: str, ssh: SshCredentials, started: float) -> SiteUpdate:
+                         featurizer: dict, aggregation_site: str, ssh: SshCredentials, started: float,
+                         keep_at_site: bool = False) -> SiteUpdate:
     from hybridtrain.federated.remote_round import ssh_train_round  # lazy: heavy (paramiko)
 
     sites = ws.load_sites()
     s = sites.get(site)
     report, label = ssh_train_round(ws, spec, s, sites.get(aggregation_site), s.hosts[0], ssh.private_key,
-                                    ssh.known_hosts, run_key, rnd, approved, featurizer)
+                                    ssh.known_hosts, run_key, rnd, approved, featurizer, keep_at_site=keep_at_site)
     for record in report.transfers:
         _audit_crossing(ws, record)
     return SiteUpdate(site=site, round=rnd, rows=report.rows, metrics=report.metrics, epsilon=report.epsilon,

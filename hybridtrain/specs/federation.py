@@ -54,6 +54,12 @@ class FederatedSpec(_Strict):
         "late everywhere on a busy server drop no one) this long while its step is unfinished is dropped at "
         "once, without waiting for round_timeout_s: its worker, and the step's process with it, are gone.")
     dp: DifferentialPrivacySpec | None = Field(None, description="Differential privacy at the sites (optional).")
+    secure_aggregation: bool = Field(
+        False, description="Pairwise-masked updates (SecAgg, Bonawitz et al.): each site adds masks agreed with "
+        "every other participant (X25519 keys made at prepare) to its row-weighted update, the masks cancel in "
+        "the sum, and the aggregator learns only the weighted mean, never one site's update. A site that drops "
+        "before its masked update arrives makes the survivors mask their kept update again (no retraining). "
+        "Needs at least 2 sites per round.")
 
 
 class TrainingModeSpec(_Strict):

@@ -50,4 +50,19 @@ def federation_problems(spec: JobSpec, sites: SitesCatalog | None) -> list[Probl
     if sites is not None and fed.aggregation_site is not None and fed.aggregation_site not in sites.names:
         p.append(Problem("training.federated.aggregation_site",
                          f"unknown site {fed.aggregation_site!r}; known: {', '.join(sites.names)}"))
+    if fed.secure_aggregation:
+        p += _secure_aggregation_problems(spec)
+    return p
+
+
+def _secure_aggregation_problems(spec: JobSpec) -> list[Problem]:
+    parts = spec.site_datasets()
+    p: list[Problem] = []
+    if spec.training.mode == "centralized":
+        p.append(Problem("training.federated.secure_aggregation", "applies to federated training only; remove it or "
+                                                                  "set training.mode: federated"))
+    elif len(parts) < 2:
+        p.append(Problem("training.federated.secure_aggregation", "needs at least 2 data sites (with one, the sum is "
+                                                                  "that site's update): add sites to dataset.sites "
+                                                                  "or remove it"))
     return p

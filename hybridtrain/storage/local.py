@@ -51,6 +51,23 @@ class LocalObjectStore:
         self._atomic_write(target, lambda fh: fh.write(data))
         return self._info(key, target)
 
+    def create(self, key: str, data: bytes) -> bool:
+        """Write-if-absent: the complete temp file is hard-linked into place (``link`` fails if the name exists)."""
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.link(tmp, target)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
     def put_file(self, key: str, path: Path) -> ObjectInfo:
         target = self._path(key)
         with open(path, "rb") as src:

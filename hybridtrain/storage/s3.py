@@ -212,6 +212,28 @@ class S3ObjectStore:
         self._run("upload", key, put)
         return ObjectInfo(key, len(data), datetime.now(UTC))
 
+    def create(self, key: str, data: bytes) -> bool:
+        """Write-if-absent: a PutObject with ``If-None-Match: *`` (S3 conditional writes); 412 -> False."""
+        full = self._full(key)
+        digest = hashlib.sha256(data).digest()
+
+        def put() -> bool:
+            try:
+                self._client.put_object(
+                    Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*", ChecksumAlgorithm="SHA256",
+                    ChecksumSHA256=base64.b64encode(digest).decode(), Metadata={SHA256_META: digest.hex()},
+                )
+            except ClientError as exc:
+                if _code(exc) in ("PreconditionFailed", "412") or exc.response.get(
+                        "ResponseMetadata", {}).get("HTTPStatusCode") == 412:
+                    return False
+                if _code(exc) == "ConditionalRequestConflict":  # another conditional write in flight: ask again
+                    raise _Failure("transient", f"ConditionalRequestConflict: {exc}") from None
+                raise
+            return True
+
+        return self._run("upload", key, put)
+
     def put_file(self, key: str, path: Path, *, progress: Callable[[int], None] | None = None) -> ObjectInfo:
         """Upload a file; above ``multipart_threshold`` as a multipart upload. ``progress`` gets byte deltas."""
         full = self._full(key)

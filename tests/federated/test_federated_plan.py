@@ -143,3 +143,21 @@ def test_merged_featurizer_scales_like_one_fitted_on_the_union():
     assert merged.numeric[0].mean == pytest.approx(union.numeric[0].mean)
     assert merged.numeric[0].std == pytest.approx(union.numeric[0].std)
     assert merged.categorical[0].vocabulary == ("a", "b", "c")
+
+
+def test_secure_aggregation_is_planned_and_refused_where_it_cannot_hold(fed_workspace):
+    from hybridtrain.specs.federation_checks import federation_problems
+    from hybridtrain.specs.sites import SitesCatalog
+
+    root, parts = fed_workspace
+    spec = load(root, federated_spec(root, parts, name="securefed", secure_aggregation=True))
+    assert any(r.startswith("secure aggregation (training.federated.secure_aggregation)")
+               for r in decide(root, spec).reasons)
+    sites = SitesCatalog.load(root / "deployments" / "sites.yaml")
+    assert federation_problems(spec, sites) == []
+    # With one data site the "sum" would be that site's update.
+    single = spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"sites": []}),
+                                     "training": spec.training.model_copy(update={"mode": "federated"})})
+    problems = federation_problems(single, sites)
+    assert [p.path for p in problems] == ["training.federated.min_sites", "training.federated.secure_aggregation"]
+    assert "needs at least 2 data sites" in problems[1].message

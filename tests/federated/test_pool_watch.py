@@ -119,3 +119,39 @@ def test_every_step_has_a_tag_a_restarted_aggregator_finds_again(monkeypatch):
         sites.train(2, {"dc1": None}, {})
         sites.evaluate(2, {"dc1": None}, {})
     assert tags[:4] == tags[4:] == ["fed-prepare-r0", "fed-prepare-r3", "fed-round-2", "fed-evaluate-r2"]
+
+
+def test_a_secure_rounds_later_attempt_is_a_step_of_its_own_that_carries_the_participants(monkeypatch):
+    """Attempt 1 of a secure round keeps the round's tag (adopted after a restart as before); attempt 2, asked of the
+    survivors when a site dropped, gets its own tag, so it is not the attempt-1 flow run adopted again."""
+    from flows.federated import PoolSites
+    from hybridtrain.federated.secure_aggregation import SecureRound, new_private_key, public_key
+
+    calls = []
+    monkeypatch.setattr(PoolSites, "_each", lambda self, step, result, sites, tag, params: calls.append(
+        (tag, sites, params)) or {})
+    keys = {s: public_key(new_private_key()) for s in ("dc1", "dc2", "dc3")}
+    sites = aggregator("mlflow-run-1", "flow-run-1")
+    first = SecureRound(attempt=1, rows={"dc1": 10, "dc2": 20, "dc3": 30}, public_keys=keys)
+    second = SecureRound(attempt=2, rows={"dc1": 10, "dc2": 20}, public_keys={s: keys[s] for s in ("dc1", "dc2")})
+    sites.train(4, {"dc1": None, "dc2": None, "dc3": None}, {}, first)
+    sites.train(4, {"dc1": None, "dc2": None}, {}, second)
+    assert [(tag, asked) for tag, asked, _ in calls] == [("fed-round-4", ["dc1", "dc2", "dc3"]),
+                                                         ("fed-round-4-a2", ["dc1", "dc2"])]
+    assert all(p["secure"] is first and p["rnd"] == 4 for p in calls[0][2].values())
+    assert all(p["secure"] is second for p in calls[1][2].values())
+
+
+def test_the_run_summary_shows_a_round_that_took_more_than_one_secure_attempt():
+    from flows.federated import FederatedSummary
+
+    rounds = [{"round": 1, "participants": ["dc1", "dc2", "dc3"], "dropped": {}, "global_metrics": {"val_auc": 0.7},
+               "rows": {}, "attempts": [{"attempt": 1}]},
+              {"round": 2, "participants": ["dc1", "dc2"], "dropped": {"dc3": "site dc3 is down"},
+               "global_metrics": {"val_auc": 0.8}, "rows": {}, "attempts": [{"attempt": 1}, {"attempt": 2}]}]
+    summary = FederatedSummary(job="j", flow_run_id=None, mlflow_run_id="m", run_key="k", mode={}, rounds=rounds,
+                               metrics={"auc": 0.8}, model_name="m", model_version="1", promoted=False, gates={},
+                               cost_usd=0.0, bytes_crossed=0, resumed_after_round=None)
+    lines = summary.to_markdown().splitlines()
+    assert "| 1 | dc1, dc2, dc3 |  | 0.7000 |" in lines  # one attempt: nothing to say
+    assert "| 2 | dc1, dc2 (2 secure-aggregation attempts) | dc3: site dc3 is down | 0.8000 |" in lines

@@ -78,7 +78,11 @@ def runs(sshd, tmp_path_factory):
         ssh_private_key=SecretStr(sshd.private_key), ssh_known_hosts=sshd.known_hosts)}))
     spec = load_spec(spec_file, ws.load_sites())
     over_ssh = run(ws, spec, "ssh")
-    return {"root": root, "ws": ws, "spec": spec, "inline": inline, "ssh": over_ssh, "host": host}
+    secure_spec = load_spec(federated_spec(root, parts, name="fedsecure", rounds=2, aggregation_site=AGG,
+                                           secure_aggregation=True), ws.load_sites())
+    secure = run(ws, secure_spec, "secure")
+    return {"root": root, "ws": ws, "spec": spec, "inline": inline, "ssh": over_ssh, "host": host,
+            "secure_spec": secure_spec, "secure": secure}
 
 
 def test_the_ssh_site_trains_its_rounds_on_its_host(runs, sshd):
@@ -135,6 +139,31 @@ def test_the_global_model_matches_the_all_in_process_run(runs):
     assert abs(inline.metrics["auc"] - over_ssh.metrics["auc"]) < 0.005
     assert 0.6 < over_ssh.metrics["auc"] <= 1.0
     assert not torch.equal(a[next(iter(a))], RoundStore(store, spec.name, "ssh").load_global(0)[next(iter(a))])
+
+
+def test_with_secure_aggregation_the_host_keeps_its_update_at_the_site_and_only_the_masked_one_leaves(runs, sshd):
+    ws, spec, outcome = runs["ws"], runs["secure_spec"], runs["secure"]
+    label = f"{sshd.host.username}@[127.0.0.1]:{sshd.host.port}"
+    assert [(r.participants, r.site_hosts, len(r.attempts)) for r in outcome.state.rounds] == [
+        (SITES, {SSH_SITE: label}, 1)] * 2
+    store = stages.checkpoint_store(ws, ws.load_sites().get(AGG))
+    rs = RoundStore(store, spec.name, "secure")
+    assert not [o.key for o in store.list(f"{rs.prefix}/updates/") if o.key.endswith(".pt")]
+    for rnd in (1, 2):
+        job = Path(sshd.host.workdir) / "jobs" / round_job_id(spec.name, "secure", rnd, SSH_SITE)
+        assert f"kept at {SSH_SITE} (to be masked)" in (job / "log").read_text()
+        report = json.loads((job / "bundle" / "round.json").read_text())
+        assert [t["what"].split(" (")[0] for t in report["transfers"]] == [f"global model round {rnd - 1}"]
+        kept = steps.site_private(ws, spec, "secure", SSH_SITE).store.get_bytes(
+            f"federated-site/{spec.name}/secure/{SSH_SITE}/round-{rnd:04d}.pt")
+        assert hashlib.sha256(kept).hexdigest() == report["update_sha256"]  # the host's update, kept at home
+        assert store.get_bytes(rs.masked_key(rnd, 1, SSH_SITE)) != kept
+    masked = [t for t in outcome.transfers if t.what.startswith(f"model update round 2 of {SSH_SITE}, masked")]
+    assert len(masked) == 1 and masked[0].destination == AGG
+    # The same training as the plain runs: the masked sum is their global model.
+    plain = RoundStore(store, runs["spec"].name, "inproc").load_global(2)
+    secure = rs.load_global(2)
+    assert max(float((plain[k] - secure[k]).abs().max()) for k in plain) < 1e-4
 
 
 def test_no_ssh_key_or_no_host_is_one_clear_error_and_nothing_runs(runs, sshd):

@@ -261,3 +261,26 @@ def test_an_unreachable_endpoint_fails_within_the_timeouts(tmp_path, s3):
     with pytest.raises(SiteUnavailable, match=f"127.0.0.1:{port}"):
         st.get_bytes("anything")
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("backend", ["s3", "local"])
+def test_create_writes_only_where_nothing_is_and_one_of_several_racing_writers_wins(s3, tmp_path, backend):
+    st = store(s3, "create") if backend == "s3" else LocalObjectStore(tmp_path / "objects")
+    assert st.create("a/slot", b"first") is True
+    assert st.create("a/slot", b"second") is False and st.get_bytes("a/slot") == b"first"
+    results: dict[int, bool] = {}
+    barrier = threading.Barrier(4)
+
+    def race(i: int) -> None:
+        barrier.wait()
+        results[i] = st.create("a/raced", f"writer {i}".encode())
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    winners = [i for i, won in results.items() if won]
+    assert len(results) == 4 and len(winners) == 1
+    assert st.get_bytes("a/raced") == f"writer {winners[0]}".encode()
+    assert [o.key for o in st.list("a/")] == ["a/raced", "a/slot"]  # no temp file left behind
