@@ -76,7 +76,18 @@ def federated_prepare(spec: JobSpec, site: str, run_id: str, run_key: str, aggre
     return out
 
 
-@flow(name="federated-round", flow_run_name="fed-round-{rnd}-{site}", log_prints=True)
+def _round_run_name() -> str:
+    """``fed-round-<rnd>-<site>``; a secure round's later attempt ``fed-round-<rnd>-a<attempt>-<site>``, so the UI
+    tells the re-masking steps of the survivors from the round's first steps."""
+    from prefect.runtime import flow_run  # lazy: only inside a flow run
+
+    params = flow_run.parameters
+    secure = params.get("secure")
+    attempt = (secure.get("attempt", 1) if isinstance(secure, dict) else getattr(secure, "attempt", 1)) or 1
+    return f"fed-round-{params['rnd']}-{f'a{attempt}-' if attempt > 1 else ''}{params['site']}"
+
+
+@flow(name="federated-round", flow_run_name=_round_run_name, log_prints=True)
 def federated_round(spec: JobSpec, site: str, run_id: str, run_key: str, rnd: int, approved: DatasetVersion,
                     featurizer: dict, aggregation_site: str, tag: str, workspace: str | None = None,
                     secure: SecureRound | None = None) -> steps.SiteUpdate:

@@ -155,3 +155,22 @@ def test_the_run_summary_shows_a_round_that_took_more_than_one_secure_attempt():
     lines = summary.to_markdown().splitlines()
     assert "| 1 | dc1, dc2, dc3 |  | 0.7000 |" in lines  # one attempt: nothing to say
     assert "| 2 | dc1, dc2 (2 secure-aggregation attempts) | dc3: site dc3 is down | 0.8000 |" in lines
+
+
+def test_a_secure_rounds_later_attempt_has_a_flow_run_name_of_its_own(monkeypatch):
+    import prefect.runtime.flow_run
+
+    from flows.federated import _round_run_name
+    from hybridtrain.federated.secure_aggregation import SecureRound
+
+    def named(**params) -> str:
+        monkeypatch.setattr(prefect.runtime.flow_run, "parameters", params, raising=False)
+        return _round_run_name()
+
+    keys = {"dc1": "00" * 32, "dc2": "11" * 32}
+    assert named(rnd=3, site="dc1") == named(rnd=3, site="dc1", secure=None) == "fed-round-3-dc1"
+    first = SecureRound(attempt=1, rows={"dc1": 5, "dc2": 7}, public_keys=keys)
+    assert named(rnd=3, site="dc1", secure=first) == "fed-round-3-dc1"
+    again = first.model_copy(update={"attempt": 2})
+    assert named(rnd=3, site="dc2", secure=again) == "fed-round-3-a2-dc2"
+    assert named(rnd=3, site="dc2", secure=again.model_dump(mode="json")) == "fed-round-3-a2-dc2"
