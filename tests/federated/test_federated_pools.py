@@ -2,9 +2,9 @@
 
 Three on-prem data sites (``onprem-dc1`` in pool ``onprem``, ``onprem-dc2`` and ``onprem-dc3`` in
 pools of their own), restricted data that may not leave its site (so ``plan`` picks federated),
-the aggregator at ``onprem-dc1``. One run meets both faults. A site's worker is killed while its round
-runs: the round goes on without it, records it, and the site rejoins the next round once its worker is
-back. Then the aggregator (the ``hybridtrain run`` process) is killed while the sites train round 2 and
+the aggregator at ``onprem-dc1``, secure aggregation on. One run meets both faults. A site's worker is
+killed while its round runs: the round goes on without it (the survivors mask their kept updates again for a
+second attempt), records it, and the site rejoins the next round once its worker is back. Then the aggregator (the ``hybridtrain run`` process) is killed while the sites train round 2 and
 run again with the same run key: it resumes after the last committed round and adopts the round-2
 steps in flight. Beside each worker runs its warm pool (as
 ``make worker`` starts them), so a step's process starts in seconds.
@@ -165,8 +165,9 @@ def test_a_killed_site_is_dropped_and_rejoins_and_a_killed_aggregator_resumes_ad
     from hybridtrain.workspace import Workspace
 
     root = fed_pools["root"]
+    # With secure aggregation (the harder path: masked updates, a second attempt among the survivors of round 1).
     spec = federated_spec(root, fed_pools["parts"], name="fedpool", rounds=2, round_timeout_s=ROUND_TIMEOUT_S,
-                          site_lost_s=SITE_LOST_S)
+                          site_lost_s=SITE_LOST_S, secure_aggregation=True)
     rs = round_store(root, "fedpool", "pool1")
     proc = run_cli(root, fed_pools["api"], str(spec), "--run-key", "pool1")
     try:
@@ -194,13 +195,24 @@ def test_a_killed_site_is_dropped_and_rejoins_and_a_killed_aggregator_resumes_ad
     state = rs.resume()
     assert [r.participants for r in state.rounds] == [DATA_SITES[:2], DATA_SITES]
     assert f"no live worker in pool 'onprem-dc3' for {SITE_LOST_S} s" in state.rounds[0].dropped["onprem-dc3"]
+    # Round 1's first attempt lost dc3 before its masked update arrived; the survivors masked their kept update
+    # again for a second attempt (steps of their own, no retraining); round 2 needed one attempt.
+    assert [(a.attempt, a.participants, sorted(a.dropped)) for a in state.rounds[0].attempts] == [
+        (1, DATA_SITES, ["onprem-dc3"]), (2, DATA_SITES[:2], [])]
+    assert [(a.attempt, a.participants, a.dropped) for a in state.rounds[1].attempts] == [(1, DATA_SITES, {})]
+    updates = [o.key for o in rs.store.list(f"{rs.prefix}/updates/")]
+    assert updates and all(k.endswith((".masked", "/closed.json", "/asked.json")) for k in updates), updates
     [stale] = flow_run("fed-round-1-onprem-dc3")
     assert stale.state.is_cancelled()  # a worker that comes back does not run the stale round
     # Nothing was trained twice: the resumed aggregator prepared no site and trained no round-1 step again, and it
     # adopted the round-2 steps its predecessor had submitted instead of submitting new ones.
     assert "adopting fed-round-2-" in out, out[-4000:]
     assert len(job_runs("fedpool", "fed-prepare-")) == 3
-    assert len(job_runs("fedpool", "fed-round-1-")) == 3
+    round1 = job_runs("fedpool", "fed-round-1-")
+    assert sorted(r.name for r in round1 if "-a2-" not in r.name) == [f"fed-round-1-{s}" for s in DATA_SITES]
+    retries = [r for r in round1 if "-a2-" in r.name]
+    assert sorted(r.name for r in retries) == [f"fed-round-1-a2-{s}" for s in DATA_SITES[:2]]
+    assert all(r.state.is_completed() for r in retries), [(r.name, r.state) for r in retries]
     round2 = job_runs("fedpool", "fed-round-2-")
     assert len(round2) == 3 and all(r.state.is_completed() for r in round2), [(r.name, r.state) for r in round2]
     # Every site step ran in its own site's pool.
@@ -212,6 +224,7 @@ def test_a_killed_site_is_dropped_and_rejoins_and_a_killed_aggregator_resumes_ad
     version = registry.versions("fedpool-model")[-1]
     tags = version.tags
     assert tags["hybridtrain.federated.rounds"] == "2"
+    assert tags["hybridtrain.federated.secure_aggregation"] == "pairwise-masking-x25519-chacha20"
     assert json.loads(tags["hybridtrain.federated.participants"]) == {"1": DATA_SITES[:2], "2": DATA_SITES}
     for site, part in zip(DATA_SITES, fed_pools["parts"], strict=True):
         assert tags[f"hybridtrain.federated.site.{site}.dataset.raw.md5"] == part["md5"]
