@@ -15,6 +15,8 @@ from hybridtrain.federated.rounds import CLOSED
 from hybridtrain.federated.site import SiteUpdate, round_store, site_private
 from tests.fixtures.federated_jobs import DATA_SITES, federated_spec
 
+# Whole federated runs (prepare, rounds, evaluate at three sites), about a minute: `make test`, not `make test-fast`.
+pytestmark = pytest.mark.slow
 KEY = b"test-pseudonym-key-0123456789abcdef"
 AGG = "onprem-dc1"
 
