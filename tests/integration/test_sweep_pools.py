@@ -85,9 +85,12 @@ def pools(prefect_server, pseudonym_key, tmp_path_factory):
 def running_trial_pid(number: int) -> int | None:
     """The process of trial ``number``'s first attempt, once its worker started it."""
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
+    # Filtered by name on the server: earlier test files ran many flow runs on this session's server.
+    name = FlowRunFilterName(like_=f"trial-{number}-attempt-1-")
     with get_client(sync_client=True) as client:
-        for fr in client.read_flow_runs():
+        for fr in client.read_flow_runs(flow_run_filter=FlowRunFilter(name=name)):
             if fr.name.startswith(f"trial-{number}-attempt-1-") and fr.state and fr.state.is_running() \
                     and fr.infrastructure_pid:
                 return int(str(fr.infrastructure_pid).rsplit(":", 1)[-1])
@@ -117,11 +120,14 @@ def test_trials_run_in_their_pools_and_a_preempted_trial_resumes(pools):
         spec_path=str(spec), workspace=str(root), dispatch="auto", promote_best=False)), daemon=True)
     runner.start()
     key = "pool-sweep-t0"
-    wait_until(lambda: checkpoint_steps(root, "*", "churn", key) or not runner.is_alive(), "trial 0's first checkpoint",
-               timeout=WAIT_S, every=0.1)
+    # Its process first (each look asks the server; the flow run is RUNNING before training starts), then the notice
+    # the moment its first checkpoint is there: on a loaded VM the trial trains to the end in ~20 s after it.
     pid = wait_until(lambda: running_trial_pid(0) or (not runner.is_alive() and -1), "trial 0's process",
-                     timeout=WAIT_S, every=0.5)  # each look reads the server's flow runs
+                     timeout=WAIT_S, every=0.5)
     assert runner.is_alive() and pid > 0, "the sweep ended before trial 0 could be preempted"
+    wait_until(lambda: checkpoint_steps(root, "*", "churn", key) or not runner.is_alive(), "trial 0's first checkpoint",
+               timeout=WAIT_S, every=0.05)
+    assert runner.is_alive(), "the sweep ended before trial 0 could be preempted"
     os.kill(pid, signal.SIGTERM)
     runner.join(timeout=WAIT_S)
     assert not runner.is_alive(), "the sweep did not finish: " + " | ".join(p.read_text()[-2000:] for p in logs)
