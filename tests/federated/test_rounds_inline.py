@@ -8,6 +8,9 @@ from hybridtrain.federated.coordinator import InlineSites, NotEnoughSites, run_f
 from hybridtrain.federated.rounds import RoundStore
 from tests.fixtures.federated_jobs import federated_spec
 
+# Whole federated runs (prepare, rounds, evaluate at three sites), about a minute: `make test`, not `make test-fast`.
+pytestmark = pytest.mark.slow
+
 KEY = b"test-pseudonym-key-0123456789abcdef"
 
 
