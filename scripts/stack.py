@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hybridtrain.errors import HybridtrainError  # noqa: E402
-from hybridtrain.service.stack import Stack, logging_config  # noqa: E402
+from hybridtrain.service.stack import Stack, logging_config, split_limit  # noqa: E402
 
 START_TIMEOUT_S = float(os.environ.get("HYBRIDTRAIN_STACK_START_TIMEOUT_S", "180"))
 
@@ -273,7 +273,8 @@ def deploy(stack: Stack) -> None:
     say("deployed pools, blocks and deployments (`hybridtrain deploy`)")
 
 
-def start_workers(stack: Stack) -> None:
+def start_workers(stack: Stack) -> int:
+    """Start what is not running; the number of workers the stack has."""
     started = []
     for name, cmd in stack.warm_cmds().items():
         pool = name.removeprefix("warm-")
@@ -283,13 +284,34 @@ def start_workers(stack: Stack) -> None:
             sock.parent.chmod(0o700)
             proc = spawn(stack, name, cmd, stack.worker_env(pool))
             wait_for(f"warm pool {pool}", sock.exists, proc, stack.logs / f"{name}.log", timeout=120)
-    for name, cmd in stack.worker_cmds().items():
+    limits = pool_limits(stack)
+    cmds = stack.worker_cmds(limits)
+    for name, cmd in cmds.items():
         if pid_of(stack, name):
             continue
         pool = name.split("-")[1]
         spawn(stack, name, cmd, stack.worker_env(pool))
         started.append(name)
-    say(f"workers: {', '.join(stack.worker_cmds())}" + (f" ({len(started)} started)" if started else " (running)"))
+    shares = ", ".join(f"{pool} {limit} = {'+'.join(str(s) for s in split_limit(limit, stack.workers_of(pool)))}"
+                       for pool, limit in limits.items() if limit is not None)
+    say(f"workers: {', '.join(cmds)}" + (f" ({len(started)} started)" if started else " (running)")
+        + (f"; run limits split over each pool's workers: {shares}" if shares else ""))
+    return len(cmds)
+
+
+def pool_limits(stack: Stack) -> dict[str, int | None]:
+    """Each site pool's run limit as the server has it (``hybridtrain deploy`` sets it from the sites'
+    GPUs; a user may change it in the UI). A pool the server does not know yet: no limit."""
+    import json
+
+    limits: dict[str, int | None] = {}
+    for pool in stack.worker_pools:
+        try:
+            with urllib.request.urlopen(f"{stack.prefect_api}/work_pools/{pool}", timeout=10) as resp:
+                limits[pool] = json.loads(resp.read()).get("concurrency_limit")
+        except OSError:
+            limits[pool] = None
+    return limits
 
 
 def doctor(stack: Stack) -> int:
@@ -326,18 +348,17 @@ def up(stack: Stack, args: argparse.Namespace) -> int:
     start_prefect(stack)
     if not args.no_deploy:
         deploy(stack)
-    if not args.no_workers:
-        start_workers(stack)
+    workers = start_workers(stack) if not args.no_workers else 0
     print(f"\nPrefect UI   http://{stack.host}:{stack.prefect_port}\nMLflow UI    {stack.mlflow_url}\n"
           f"export PREFECT_API_URL={stack.prefect_api} HYBRIDTRAIN_MLFLOW_TRACKING_URI={stack.mlflow_url}\n"
           f"Logs in {stack.logs}; stop with `make down`.\n", flush=True)
     # Workers register on their first poll: `up` returns once they are online (or after 60 s).
     if not args.no_workers:
-        wait_workers(stack)
+        wait_workers(stack, workers)
     return 0 if args.no_doctor else doctor(stack)
 
 
-def wait_workers(stack: Stack, timeout: float = 60.0) -> None:
+def wait_workers(stack: Stack, expected: int, timeout: float = 60.0) -> None:
     import json
 
     deadline = time.monotonic() + timeout
@@ -351,7 +372,7 @@ def wait_workers(stack: Stack, timeout: float = 60.0) -> None:
                     online += sum(w.get("status") == "ONLINE" for w in json.loads(resp.read()))
             except OSError:
                 pass
-        if online >= len(stack.worker_cmds()):
+        if online >= expected:
             return
         time.sleep(0.5)
 

@@ -13,6 +13,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -236,11 +237,31 @@ class Stack(BaseModel):
                                  "--preload", CONTROL_PRELOAD if pool == self.control_pool else SITE_PRELOAD]
                 for pool in self.worker_pools}
 
-    def worker_cmds(self) -> dict[str, list[str]]:
-        """Name -> command of each process worker (``onprem-1``, ``onprem-2``, ``cloud-1`` ..., ``control-1``)."""
-        return {f"worker-{pool}-{i}": [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool,
-                                        "--type", "process", "--name", f"{pool}-{i}"]
-                for pool in self.worker_pools for i in range(1, self.workers_of(pool) + 1)}
+    def worker_cmds(self, pool_limits: Mapping[str, int | None] | None = None) -> dict[str, list[str]]:
+        """Name -> command of each process worker (``onprem-1``, ``onprem-2``, ``cloud-1`` ..., ``control-1``).
+
+        With ``pool_limits`` (pool -> its run limit on the server), each worker of a limited pool gets
+        ``--limit``, its share of the pool's limit (``split_limit``), so the pool's runs can never
+        exceed it: the server's own cap counts free slots per poll, and under load two workers polling
+        each second both took the same slots before either's runs were PENDING (13 running at a limit
+        of 8). A pool with fewer slots than workers gets one worker per slot. Without limits: every name.
+        """
+        cmds = {}
+        for pool in self.worker_pools:
+            shares = split_limit((pool_limits or {}).get(pool), self.workers_of(pool))
+            for i, share in enumerate(shares, start=1):
+                cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process",
+                       "--name", f"{pool}-{i}"]
+                cmds[f"worker-{pool}-{i}"] = cmd if share is None else [*cmd, "--limit", str(share)]
+        return cmds
+
+
+def split_limit(limit: int | None, workers: int) -> list[int | None]:
+    """Each worker's share of a pool's run limit: the shares sum to the limit, differ by at most one,
+    and none is zero (a pool with fewer slots than workers gets fewer workers). ``None``: no limit."""
+    if limit is None:
+        return [None] * workers
+    return [share for i in range(workers) if (share := limit // workers + (i < limit % workers)) > 0]
 
 
 def find_pg_bin() -> Path:

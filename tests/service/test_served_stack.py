@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +62,23 @@ def test_the_doctor_finds_every_part_healthy(served, client_env):
                  "prefect service late runs", "prefect service foreman", "pool onprem", "pool cloud"):
         assert f"ok      {part}:" in proc.stdout, (part, proc.stdout)
     assert "PostgreSQL 15" in proc.stdout and "2 worker(s) online" in proc.stdout
+
+
+def test_each_site_pools_workers_share_its_run_limit(served, client_env):
+    """The pool's limit is a hard cap: its workers' own ``--limit``s sum to it (the server's cap alone was
+    overshot under load); the control pool has no limit and its worker none."""
+    from prefect.client.orchestration import get_client
+
+    stack = Stack.load(served)
+    with get_client(sync_client=True) as client:
+        limits = {pool: client.read_work_pool(pool).concurrency_limit for pool in stack.worker_pools}
+    assert limits["onprem"] and limits["cloud"] and limits["control"] is None
+    for pool, limit in limits.items():
+        shares = []
+        for pid_file in stack.run_dir.glob(f"worker-{pool}-*.pid"):
+            cmd = (Path("/proc") / pid_file.read_text().strip() / "cmdline").read_bytes().decode().split("\0")
+            shares.append(int(cmd[cmd.index("--limit") + 1]) if "--limit" in cmd else None)
+        assert shares and (sum(shares) == limit if limit else shares == [None]), (pool, limit, shares)
 
 
 def test_burst_controller_and_recovery_run_on_their_own_schedules(served, client_env):

@@ -12,7 +12,7 @@ import yaml
 
 from hybridtrain.drill.loopback import free_port
 from hybridtrain.errors import SpecError
-from hybridtrain.service.stack import Stack, logging_config
+from hybridtrain.service.stack import Stack, logging_config, split_limit
 
 PORTS = {"prefect": 14200, "mlflow": 15000, "postgres": 15432, "s3": 19000}
 
@@ -36,6 +36,27 @@ def test_a_stack_is_kept_with_its_ports_and_password_for_the_next_up(tmp_path):
     assert warm["warm-control"][-2:] == ["--preload", "flows.burst,flows.recovery"]
     assert sorted(again.worker_cmds()) == ["worker-cloud-1", "worker-cloud-2", "worker-control-1", "worker-onprem-1",
                                           "worker-onprem-2"]  # the control flows' pool has its own worker
+
+
+@pytest.mark.parametrize("limit,workers", [(8, 2), (9, 2), (7, 3), (1, 2), (2, 2), (3, 5)])
+def test_a_pools_run_limit_is_split_over_its_workers_without_exceeding_it(limit, workers):
+    shares = split_limit(limit, workers)
+    assert sum(shares) == limit and all(s >= 1 for s in shares) and max(shares) - min(shares) <= 1
+    assert len(shares) == min(limit, workers)  # fewer slots than workers: one worker per slot
+    assert split_limit(None, workers) == [None] * workers  # no limit (the control pool): no share
+
+
+def test_each_worker_of_a_limited_pool_gets_its_share_as_limit(tmp_path):
+    stack = Stack.create(tmp_path, PORTS, is_root=False, pg_bin="/x")
+    cmds = stack.worker_cmds({"onprem": 9, "cloud": 1, "control": None})
+
+    def limit(name):
+        cmd = cmds[name]
+        return int(cmd[cmd.index("--limit") + 1]) if "--limit" in cmd else None
+
+    assert sorted(cmds) == ["worker-cloud-1", "worker-control-1", "worker-onprem-1", "worker-onprem-2"]
+    assert [limit("worker-onprem-1"), limit("worker-onprem-2"), limit("worker-cloud-1")] == [5, 4, 1]
+    assert limit("worker-control-1") is None
 
 
 def test_a_broken_stack_file_is_one_line_naming_it(tmp_path):
