@@ -363,8 +363,8 @@ def main() -> int:
     print(f"schedule lag (scheduled -> RUNNING) of {len(lags)} scheduled control runs: p50 "
           f"{result['schedule_lag_p50_s']} s, p99 {result['schedule_lag_p99_s']} s (target p99 <= 5 s); "
           f"load runs' queue wait p50 {result['queue_wait_p50_s']} s, p99 {result['queue_wait_p99_s']} s")
-    print(f"pool {pool}: at most {result['peak_running']} load runs RUNNING at once (its limit: {limit}; 2 workers "
-          "polling at once can each take the last free slot)")
+    print(f"pool {pool}: at most {result['peak_running']} load runs RUNNING at once (its limit: {limit}, split "
+          "over its workers' --limit; more would be an overshoot)")
     if own and not args.keep:
         stack_cmd(root, "down")
     print(f"control_plane_lost_runs: {len(lost)} of {len(ids)} (target 0)")
