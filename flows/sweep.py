@@ -46,6 +46,7 @@ from hybridtrain.sweeps.space import SearchSpace
 from hybridtrain.sweeps.study import TrialTicket, storage_url
 from hybridtrain.sweeps.trial import TrialOutcome
 from hybridtrain.tracking.model_registry import Registry
+from hybridtrain.training.preemption import preemption_trap
 from hybridtrain.training.recovery import Attempt, Outcome, Placed, Supervisor
 from hybridtrain.workspace import Workspace
 from orchestration.context import run_workspace
@@ -102,13 +103,16 @@ def sweep_trial(spec: JobSpec, approved: DatasetVersion, site: str, parent_run_i
         slot.take()  # ready (placed, this run started): train as soon as one of the sweep's slots is free
         if slot.waited_s >= 1.0:
             get_run_logger().info("trial %d: ready %.1f s before a slot was free", ticket.number, slot.waited_s)
-    try:
-        out = train_trial(ws, spec, approved, site, parent_run_id, storage, study, ticket)
-    except Exception as exc:
-        stages.save_result(ws, parent_run_id, f"{_trial_result_name(ticket.number, attempt)}-end",
-                           AttemptEnd.of(exc, site))
-        raise
-    stages.save_result(ws, parent_run_id, _trial_result_name(ticket.number, attempt), out)
+    # One trap for the whole attempt: a notice after training ended (while the result is saved) is
+    # recorded and the attempt still ends completed, instead of the signal crashing a finished trial.
+    with preemption_trap(spec.checkpoint.preemption_grace_s):
+        try:
+            out = train_trial(ws, spec, approved, site, parent_run_id, storage, study, ticket)
+        except Exception as exc:
+            stages.save_result(ws, parent_run_id, f"{_trial_result_name(ticket.number, attempt)}-end",
+                               AttemptEnd.of(exc, site))
+            raise
+        stages.save_result(ws, parent_run_id, _trial_result_name(ticket.number, attempt), out)
     if slot is not None:
         slot.give_back()  # trained to its end: the next ready trial trains while this run's end is recorded
     return out

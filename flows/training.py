@@ -19,6 +19,7 @@ from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import Preempted, SiteUnavailable, is_retryable
 from hybridtrain.specs.job import JobSpec
+from hybridtrain.training.preemption import preemption_trap
 from orchestration.context import run_workspace
 from orchestration.progress import bind_progress
 from orchestration.training_lease import acquire_lease
@@ -64,14 +65,17 @@ def train_stage(spec: JobSpec, approved: DatasetVersion, site: str, run_id: str,
     """
     bind_progress()
     ws = run_workspace(workspace)
-    try:
-        with ExitStack() as held:
-            acquire_lease(held, spec.name)
-            trained = train(ws, spec, approved, site, run_id, run_key)
-        evaluated = evaluate(ws, spec, approved, site, trained.model_uri)
-    except Exception as exc:
-        stages.save_result(ws, run_id, f"train-attempt-{attempt}", AttemptEnd.of(exc, site))
-        raise
-    out = Trained(trained=trained, evaluated=evaluated)
-    stages.save_result(ws, run_id, "train-stage", out)  # a plain call, as in flows.data
+    # One trap for the whole stage: a notice while the lease is taken stops training after its first step
+    # (a preemption, resumed), and one after training ended is recorded while the stage finishes.
+    with preemption_trap(spec.checkpoint.preemption_grace_s):
+        try:
+            with ExitStack() as held:
+                acquire_lease(held, spec.name)
+                trained = train(ws, spec, approved, site, run_id, run_key)
+            evaluated = evaluate(ws, spec, approved, site, trained.model_uri)
+        except Exception as exc:
+            stages.save_result(ws, run_id, f"train-attempt-{attempt}", AttemptEnd.of(exc, site))
+            raise
+        out = Trained(trained=trained, evaluated=evaluated)
+        stages.save_result(ws, run_id, "train-stage", out)  # a plain call, as in flows.data
     return out

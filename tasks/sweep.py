@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import tempfile
-import threading
-from contextlib import nullcontext
 from pathlib import Path
 
 from prefect import task
@@ -18,7 +16,7 @@ from hybridtrain.sweeps.results import write_plots
 from hybridtrain.sweeps.study import SweepStudy, TrialTicket, open_for_trial
 from hybridtrain.sweeps.trial import TrialOutcome
 from hybridtrain.tracking.model_registry import Registry
-from hybridtrain.training.preemption import PreemptionNotice
+from hybridtrain.training.preemption import preemption_trap
 from hybridtrain.workspace import Workspace
 from tasks.retry import BACKOFF_S, only_transient
 
@@ -36,8 +34,7 @@ def train_trial(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: st
     In a worker's process SIGTERM/SIGUSR1 (a spot notice, the pool shutting down) is a preemption
     notice: the step in progress ends, a checkpoint is written and ``Preempted`` raised.
     """
-    main = threading.current_thread() is threading.main_thread()
-    with PreemptionNotice(spec.checkpoint.preemption_grace_s) if main else nullcontext() as notice:
+    with preemption_trap(spec.checkpoint.preemption_grace_s) as notice:
         return sweep_trial.train_trial(ws, spec, approved, site, parent_run_id, storage, study, ticket,
                                        should_stop=notice)
 

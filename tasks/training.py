@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-from contextlib import nullcontext
 
 from prefect import get_run_logger, task
 
 from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.specs.job import JobSpec
-from hybridtrain.training.preemption import PreemptionNotice
+from hybridtrain.training.preemption import preemption_trap
 from hybridtrain.workspace import Workspace
 from tasks.retry import BACKOFF_S, only_transient
 
@@ -25,8 +23,7 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     preemption notice: the step in progress ends, a checkpoint is written and ``Preempted`` is
     raised. On an SSH host the job traps them itself; its log lines go to the run log.
     """
-    main = threading.current_thread() is threading.main_thread()
-    with PreemptionNotice(spec.checkpoint.preemption_grace_s) if main else nullcontext() as notice:
+    with preemption_trap(spec.checkpoint.preemption_grace_s) as notice:
         rate = stages.observed_preemption_rate(ws, site) if spec.checkpoint.auto_interval else None
         return stages.train(ws, spec, approved, site, run_id, run_key, on_line=get_run_logger().info,
                             should_stop=notice, preemptions_per_hour=rate)

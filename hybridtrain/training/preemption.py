@@ -30,6 +30,12 @@ so callers over SSH decide by the report, not by torchrun's status.
 Signal handlers can only be installed from the main thread; ``PreemptionNotice`` refuses to be
 entered anywhere else. ``trigger()`` records a notice from any thread (a pool's status poll, a
 cloud metadata watcher).
+
+A notice can also come after training ended, while the step records its result. Outside any trap
+that ends the process at once, and the finished work is lost (a flow run marked Crashed, a trial
+trained again). ``preemption_trap`` covers the whole step: a flow enters it around its body, and
+the training task inside reuses that same notice. A notice during training stops training as
+above; one after training is only recorded, and the step finishes within its grace.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -48,12 +55,15 @@ from pydantic import BaseModel, Field
 
 from hybridtrain.errors import EXIT_PREEMPTED, Preempted
 
-__all__ = ["DEFAULT_SIGNALS", "EXIT_PREEMPTED", "REPORT_FILE", "PreemptionNotice", "PreemptionReport"]
+__all__ = ["DEFAULT_SIGNALS", "EXIT_PREEMPTED", "REPORT_FILE", "PreemptionNotice", "PreemptionReport",
+           "preemption_trap"]
 
 #: The signals a notice arrives as: SIGTERM (spot notice, pool shutdown, torchrun) and SIGUSR1 (SLURM, custom agents).
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
 #: The report a preempted process leaves next to its other result files.
 REPORT_FILE = "preempted.json"
+#: The notices installed in this process, innermost last (entered and left by the main thread only).
+_INSTALLED: list[PreemptionNotice] = []
 
 
 class PreemptionNotice:
@@ -98,12 +108,20 @@ class PreemptionNotice:
             raise RuntimeError("this PreemptionNotice is already installed")
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handle)
+        _INSTALLED.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
+        if self in _INSTALLED:
+            _INSTALLED.remove(self)
+
+    @staticmethod
+    def installed() -> PreemptionNotice | None:
+        """The innermost notice installed in this process (by its main thread), if any."""
+        return _INSTALLED[-1] if _INSTALLED else None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         # Runs in the main thread between two bytecodes: record, nothing else (no logging, no I/O).
@@ -162,6 +180,21 @@ class PreemptionNotice:
             pid=os.getpid(),
             rank=rank,
         )
+
+
+@contextmanager
+def preemption_trap(grace_s: float) -> Iterator[PreemptionNotice | None]:
+    """The notice that covers this block: the one already installed in the process (a flow's, around the
+    task that trains), else a new one installed for the block in the main thread; ``None`` in another
+    thread with none installed (in-process trials in threads: the process's own trap, if any, decides)."""
+    current = PreemptionNotice.installed()
+    if current is not None:
+        yield current
+    elif threading.current_thread() is not threading.main_thread():
+        yield None
+    else:
+        with PreemptionNotice(grace_s) as notice:
+            yield notice
 
 
 class PreemptionReport(BaseModel):

@@ -119,3 +119,44 @@ def test_preempted_exits_75_is_retried_and_survives_pickling():
     back = pickle.loads(pickle.dumps(exc))
     assert (back.job, back.step, back.checkpoint, back.site) == ("churn", 7, "k", "onprem-dc1")
     assert str(back) == str(exc) == "job 'churn' was preempted at site onprem-dc1 at step 7; resume from k"
+
+
+def test_a_trap_around_the_step_is_reused_by_the_task_inside_and_catches_a_late_notice(recorded_signals):
+    """The flow's trap covers its whole body: the training task inside gets the same notice, and a
+    notice after training ended (while the step saves its result) is recorded, not fatal."""
+    from hybridtrain.training.preemption import preemption_trap
+
+    assert PreemptionNotice.installed() is None
+    with preemption_trap(30) as step:
+        assert PreemptionNotice.installed() is step
+        with preemption_trap(5) as task:  # the task's trap: the step's notice, not a second one
+            assert task is step and not task()
+        os.kill(os.getpid(), signal.SIGTERM)  # training has ended: the step is saving its result
+        assert step.received and step.reason == "SIGTERM"
+    assert recorded_signals == [] and PreemptionNotice.installed() is None
+
+
+def test_a_notice_before_the_task_starts_stops_its_training(recorded_signals):
+    from hybridtrain.training.preemption import preemption_trap
+
+    with preemption_trap(30) as step:
+        os.kill(os.getpid(), signal.SIGUSR1)  # e.g. while the step waits for the training lease
+        with preemption_trap(30) as task:
+            assert task()  # should_stop is already true: training stops after its first step
+
+
+def test_outside_the_main_thread_the_trap_is_the_installed_one_or_none():
+    from hybridtrain.training.preemption import preemption_trap
+
+    seen: list[object] = []
+
+    def in_thread() -> None:
+        with preemption_trap(30) as notice:
+            seen.append(notice)
+
+    t = threading.Thread(target=in_thread)
+    t.start(), t.join()
+    with PreemptionNotice() as main:
+        t = threading.Thread(target=in_thread)
+        t.start(), t.join()
+    assert seen == [None, main]
