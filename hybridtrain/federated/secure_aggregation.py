@@ -95,7 +95,8 @@ class SitePrivate:
 
     Under ``federated-site/<job>/<run_key>/<site>/``: ``x25519.key`` and per round ``round-NNNN.pt``
     (the weights) with ``round-NNNN.json`` (rows, metrics, epsilon; written last: the update is kept
-    once it is there). An SSH host of the site writes its round here too; the site's step masks it."""
+    once it is there). An SSH host of the site writes its round here too; the site's step masks it and
+    notes which host trained it (``round-NNNN.host.json``)."""
 
     def __init__(self, store: ObjectStore, job: str, run_key: str, site: str):
         self.store = store
@@ -115,6 +116,20 @@ class SitePrivate:
         self.store.put_bytes(f"{self.prefix}/round-{rnd:04d}.json",
                              json.dumps({"rows": rows, "metrics": metrics, "epsilon": epsilon}).encode())
         return data
+
+    def note_host(self, rnd: int, host: str | None, job_id: str | None) -> None:
+        """Record the SSH host (and its job id) that trained round ``rnd``: a later attempt masks the kept update
+        again without that host, and the round's lineage still names it."""
+        self.store.put_bytes(f"{self.prefix}/round-{rnd:04d}.host.json",
+                             json.dumps({"host": host, "job_id": job_id}).encode())
+
+    def noted_host(self, rnd: int) -> tuple[str | None, str | None]:
+        """The host and job id ``note_host`` recorded for round ``rnd`` ((None, None): trained in process)."""
+        key = f"{self.prefix}/round-{rnd:04d}.host.json"
+        if not self.store.exists(key):
+            return None, None
+        noted = json.loads(self.store.get_bytes(key))
+        return noted.get("host"), noted.get("job_id")
 
     def kept_update(self, rnd: int) -> tuple[dict[str, torch.Tensor], dict] | None:
         """Round ``rnd``'s plain update and its rows, metrics and epsilon (None: not trained yet)."""

@@ -195,7 +195,9 @@ def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int,
     kept = private.kept_update(rnd)
     if kept is not None:  # trained at an earlier attempt of this round: masked again, no training
         state, meta = kept
-        trained = _Trained(state, int(meta["rows"]), meta["metrics"], meta["epsilon"], [], reused=True)
+        host, job_id = private.noted_host(rnd)  # the SSH host that trained it stays in the round's lineage
+        trained = _Trained(state, int(meta["rows"]), meta["metrics"], meta["epsilon"], [], reused=True, host=host,
+                           job_id=job_id)
     elif ssh is not None:  # the host keeps the update in the site's store; it is masked here
         hosted = _train_round_on_host(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, ssh,
                                       started, keep_at_site=True)
@@ -203,6 +205,7 @@ def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int,
         if kept is None:
             raise TransientError(f"site {site}: the host {hosted.host} reported round {rnd} done, but its update is "
                                  f"not in the site's store ({private.prefix}); the round is tried again")
+        private.note_host(rnd, hosted.host, hosted.job_id)
         trained = _Trained(kept[0], hosted.rows, hosted.metrics, hosted.epsilon, hosted.transfers,
                            host=hosted.host, job_id=hosted.job_id)
     else:

@@ -206,3 +206,20 @@ def test_an_upload_racing_the_close_either_lands_first_and_counts_or_not_at_all(
     kept = {s: site_private(ws, spec, "s4", s).kept_update(3) for s in DATA_SITES}
     plain = fedavg({s: (state, int(meta["rows"])) for s, (state, meta) in kept.items()}, rs.load_global(2))
     assert all(torch.allclose(result.state[k], plain[k], atol=1e-6) for k in plain)
+
+
+def test_a_later_attempt_keeps_the_ssh_host_that_trained_the_update_in_its_report(dropped_run):
+    """An SSH host trains a round once; a later attempt masks what it kept without the host, and still
+    reports that host (the round's ``site_hosts`` lineage), read from the note the site's step left."""
+    from hybridtrain.federated import site as steps
+
+    ws, spec, _, outcome = dropped_run
+    copy_run(ws, "s1", "s5")
+    private = site_private(ws, spec, "s5", "onprem-dc2")
+    assert private.noted_host(3) == (None, None)  # trained in process: no host
+    private.note_host(3, "trainer@[127.0.0.1]:2222", "fed-job-7")  # as the step notes after the host's round
+    secure = sa.SecureRound(attempt=2, rows={s: p.stats.rows for s, p in outcome.prepared().items()},
+                            public_keys={s: p.public_key for s, p in outcome.prepared().items()})
+    update = steps.train_round(ws, spec, "onprem-dc2", "s5", 3, outcome.prepared()["onprem-dc2"].anon.approved,
+                               outcome.state.featurizer, AGG, secure)
+    assert update.reused and (update.host, update.job_id) == ("trainer@[127.0.0.1]:2222", "fed-job-7")
