@@ -11,7 +11,9 @@ misses. Prints, per regime and load, the mean and worst over seeds of:
 - cloud ×ref: our cloud spend ÷ the reference's (target ≤ 0.50), and ×ref avoidable: the same
   without jobs larger than the on-prem pool (they go to the cloud under every policy);
 - misses ≤ first-queued: seeds where we miss no more deadlines than bursting at the first queued job;
-- ×bound: our cost ÷ the capacity-aware bound (target ≤ 1.3).
+- ×bound: our cost ÷ the capacity-aware bound (target ≤ 1.3); clairvoyant ×bound: the cost of a
+  schedule that knows every job in advance (preemptive EDF, ``hybridtrain.simulation.clairvoyant``)
+  at our misses ÷ the same bound — how much of ×bound the bound's slack could explain.
 
 Then each goal line of the issue (part 4) per regime and load, PASS only if the worst seed meets it.
 
@@ -45,6 +47,11 @@ sys.path.insert(0, str(ROOT))
 from hybridtrain.simulation.ablation import SPOT_ALLOWED_POLICY, ablation_rows, format_rows, run_ablation  # noqa: E402
 from hybridtrain.simulation.comparison import SIM_POLICY, run_comparison  # noqa: E402
 from hybridtrain.simulation.traces import SPOT_DIR  # noqa: E402
+
+
+def clairvoyant_ratio(r) -> float:
+    c = r.bound.get("clairvoyant")
+    return c["usd"] / r.bound["usd"] if c and r.bound.get("usd") else float("nan")
 
 
 def fmt(vals: list[float]) -> str:
@@ -115,11 +122,12 @@ def main() -> None:
                 print(f"  {regime:5s} load {load:.1f} seed {r.seed}: {r.capacity} GPUs, demand {r.demand_ratio:.2f}x, "
                       f"ours ${r.row('ours').total_usd:,.0f} misses {t['misses']} | {t['reference_basis']} "
                       f"${t['reference_usd']:,.0f} | x{t['cost_ratio']:.3f} cloud x{t['cloud_ratio']:.3f} "
-                      f"bound ${t['bound_usd']:,.0f} x{t['bound_ratio']:.3f} ({r.seconds:.0f} s)", flush=True)
+                      f"bound ${t['bound_usd']:,.0f} x{t['bound_ratio']:.3f} (clairvoyant x{clairvoyant_ratio(r):.3f}) "
+                      f"({r.seconds:.0f} s)", flush=True)
     print(f"\nspot traces: {args.spot_traces}; policy: {args.policy.name}; seeds {args.seed}..{args.seed + args.seeds - 1}; "
           "mean / worst over seeds")
     head = ("regime", "load", "demand", "cost xref", "target", "cost xbest", "cloud xref", "cloud xref avoidable",
-            "misses<=first-queued", "xbound", "ours misses", "thr_0 misses")
+            "misses<=first-queued", "xbound", "clairvoyant xbound", "ours misses", "thr_0 misses")
     print(" | ".join(head))
     for (regime, load), rs in groups.items():
         ts = [r.targets for r in rs]
@@ -128,6 +136,7 @@ def main() -> None:
             f"<= {ts[0]['cost_target']:.2f}", fmt([t["best_family_ratio"] for t in ts]),
             fmt([t["cloud_ratio"] for t in ts]), fmt([t["avoidable_cloud_ratio"] for t in ts]),
             f"{sum(t['misses_ok'] for t in ts)}/{len(ts)}", fmt([t["bound_ratio"] for t in ts]),
+            fmt([clairvoyant_ratio(r) for r in rs]),
             f"{np.mean([t['misses'] for t in ts]):.0f}", f"{np.mean([t['misses_first_queued'] for t in ts]):.0f}",
         ]))
     print("\ngoal lines (issue #21 part 4), mean and worst over seeds:")

@@ -6,7 +6,8 @@ misses no more deadlines than bursting at the first queued job on that half wins
 half is replayed from an empty cluster by every contender with that setting fixed. It reports
 total cost (compute + egress), cloud spend, deadline-miss rate, mean / p95 completion time,
 on-prem utilization, spot preemptions, evictions and lost work, the per-job lower bound and the
-capacity-aware LP bound at our misses (``lower_bound``), and checks the issue's targets against
+capacity-aware LP bound at our misses (``lower_bound``) with the clairvoyant schedule read against it
+(``clairvoyant``), and checks the issue's targets against
 the threshold-burst family's cost–misses frontier read at exactly our number of misses
 (``frontier``; the cheapest of all families is reported beside it).
 
@@ -35,8 +36,9 @@ import numpy as np
 from hybridtrain.errors import Problem, SpecError
 from hybridtrain.placement.cost_model import CostModel
 from hybridtrain.placement.policy import Policy
+from hybridtrain.simulation.clairvoyant import clairvoyant
 from hybridtrain.simulation.frontier import FAMILIES, at_misses, best_at_misses, family_points, frontier
-from hybridtrain.simulation.lower_bound import per_job_bounds
+from hybridtrain.simulation.lower_bound import capacity_bound, job_prices, per_job_bounds
 from hybridtrain.simulation.simulator import Contender, Outcome, Scenario, Simulation, contenders, our_policy
 from hybridtrain.simulation.traces import (
     PRICES,
@@ -416,10 +418,10 @@ def run_comparison(capacity: int | None = None, *, load: float | None = None, se
     by = {r.name: r for r in rows}
     bound: dict = {"per_job_usd": per_job.total_usd}
     if capacity_bound_on:
-        from hybridtrain.simulation.lower_bound import capacity_bound
-
-        b = capacity_bound(scenario, placed, misses=by["ours"].misses, horizon=by["ours"].last_finish_s)
+        prices = job_prices(scenario, placed)
+        b = capacity_bound(scenario, placed, misses=by["ours"].misses, horizon=by["ours"].last_finish_s, prices=prices)
         bound.update(asdict(b))
+        bound["clairvoyant"] = asdict(clairvoyant(scenario, placed, misses=by["ours"].misses, prices=prices))
     ratio = demand / capacity
     targets = check_targets(rows, ratio, bound.get("usd"))
     fronts = {f: [asdict(p) for p in frontier(family_points(rows, f))] for f in FAMILIES}

@@ -58,6 +58,8 @@ from hybridtrain.simulation.workload import SimJob
 from hybridtrain.specs.sites import CapacityClass, Site
 
 REFERENCE_EPOCH = 1_700_000_000.0  # trace second 0 as a POSIX time, so clocks print as dates
+#: A run finishing at most this long after its deadline is not a miss (clock rounding).
+MISS_GRACE_S = 1.0
 
 
 # --- what is simulated -------------------------------------------------------------------------
@@ -140,7 +142,7 @@ class Outcome:
     def missed(self) -> bool:
         if self.job.deadline is None:
             return False
-        return self.unplaceable or self.finish > self.job.deadline + 1.0
+        return self.unplaceable or self.finish > self.job.deadline + MISS_GRACE_S
 
 
 # --- baselines that exist only for comparison --------------------------------------------------

@@ -50,3 +50,15 @@ def test_the_bound_charges_what_the_pool_cannot_hold():
     # allowed to miss one, it can run later on-prem: back to the per-job bound
     late = capacity_bound(scenario, jobs, misses=1, horizon=8 * 3600.0, bucket_s=3600.0)
     assert late.usd == pytest.approx(per_job, rel=1e-6)
+
+
+def test_a_run_ending_within_the_miss_grace_is_on_time_for_the_bound_too():
+    scenario = default_scenario(1)
+    # one 1-GPU, 4 h job whose deadline is 0.9 s before it can end: the simulator counts no miss
+    job = SimJob("j", 0.0, 1, 4.0, 4.0, "production", Sensitivity.internal, 4 * 3600.0 - 0.9, 10**9, 10**9, 1800.0)
+    fifo = next(c for c in contenders() if c.name == "onprem_fifo")
+    m, _ = replay_outcomes(scenario, fifo, [job])
+    assert m.misses == 0
+    b = capacity_bound(scenario, [job], misses=0, horizon=m.last_finish_s, bucket_s=3600.0)
+    assert b.status == "optimal", b.status
+    assert b.usd <= m.total_usd * (1 + 1e-9), (b.usd, m.total_usd)
