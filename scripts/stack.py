@@ -16,6 +16,7 @@ picked on the first `up` (or given), kept in .hybridtrain/stack/stack.json for e
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pwd
 import shutil
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hybridtrain.errors import HybridtrainError  # noqa: E402
-from hybridtrain.service.stack import Stack, logging_config, split_limit  # noqa: E402
+from hybridtrain.service.stack import Stack, logging_config  # noqa: E402
 
 START_TIMEOUT_S = float(os.environ.get("HYBRIDTRAIN_STACK_START_TIMEOUT_S", "180"))
 
@@ -292,18 +293,14 @@ def start_workers(stack: Stack) -> int:
         pool = name.split("-")[1]
         spawn(stack, name, cmd, stack.worker_env(pool))
         started.append(name)
-    shares = ", ".join(f"{pool} {limit} = {'+'.join(str(s) for s in split_limit(limit, stack.workers_of(pool)))}"
-                       for pool, limit in limits.items() if limit is not None)
-    say(f"workers: {', '.join(cmds)}" + (f" ({len(started)} started)" if started else " (running)")
-        + (f"; run limits split over each pool's workers: {shares}" if shares else ""))
+    names = ", ".join(f"{n} (--limit {c[c.index('--limit') + 1]})" if "--limit" in c else n for n, c in cmds.items())
+    say(f"workers: {names}" + (f" ({len(started)} started)" if started else " (running)"))
     return len(cmds)
 
 
 def pool_limits(stack: Stack) -> dict[str, int | None]:
     """Each site pool's run limit as the server has it (``hybridtrain deploy`` sets it from the sites'
     GPUs; a user may change it in the UI). A pool the server does not know yet: no limit."""
-    import json
-
     limits: dict[str, int | None] = {}
     for pool in stack.worker_pools:
         try:
@@ -359,8 +356,6 @@ def up(stack: Stack, args: argparse.Namespace) -> int:
 
 
 def wait_workers(stack: Stack, expected: int, timeout: float = 60.0) -> None:
-    import json
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         online = 0
@@ -403,8 +398,6 @@ def down(stack: Stack) -> int:
 
 def mark_orphans_crashed(stack: Stack) -> int:
     """Runs left PENDING/RUNNING in the stack's pools once its workers are gone would hold pool slots forever."""
-    import json
-
     def call(method: str, path: str, body: dict) -> object:
         req = urllib.request.Request(f"{stack.prefect_api}{path}", data=json.dumps(body).encode(), method=method,
                                      headers={"Content-Type": "application/json"})
