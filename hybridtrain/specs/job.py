@@ -252,6 +252,14 @@ class CheckpointSpec(Strict):
     interval_steps: int | None = Field(200, ge=1)
     interval_minutes: float | None = Field(None, gt=0)
     keep_last: int = Field(3, ge=1)
+    max_overhead: float | None = Field(
+        0.01, gt=0, le=1,
+        description="The most of training's time the interval_steps checkpoints may cost (as CheckFreq does): the "
+        "trainer measures what one checkpoint costs training (the snapshot the step waits for plus the background "
+        "writer's CPU) and skips a step checkpoint due sooner than cost / max_overhead after the previous one. "
+        "Time-based checkpoints and those at a preemption or the end are never skipped. null: exactly every "
+        "interval_steps.",
+    )
     auto_interval: bool = Field(
         False,
         description="Derive the time between checkpoints from the site's observed preemption rate and the "

@@ -85,6 +85,8 @@ class CheckpointWriter:
         #: Checkpoints stored so far, and the seconds the thread spent storing them.
         self.written = 0
         self.write_seconds = 0.0
+        #: CPU seconds the writer's thread used storing them (on a busy host, taken from training's threads).
+        self.write_cpu_seconds = 0.0
         #: Seconds callers spent blocked in ``submit`` (snapshot + waiting for the previous write).
         self.blocked_seconds = 0.0
         #: The last snapshot handed to the writer; once its write has ended, the next snapshot reuses its tensors.
@@ -108,9 +110,10 @@ class CheckpointWriter:
             self._pool.shutdown(wait=True)
 
     def _store(self, state: dict[str, Any], step: int, keep_last: int | None) -> CheckpointInfo:
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.thread_time()
         info = self.store.save(state, step, keep_last=keep_last)
         self.write_seconds += time.perf_counter() - began
+        self.write_cpu_seconds += time.thread_time() - cpu
         self.written += 1
         return info
 
@@ -123,6 +126,11 @@ class CheckpointWriter:
         self.last = pending.result()  # raises the writer's error here, on the training thread
         if self.on_stored is not None:
             self.on_stored(self.last)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a write is still in flight (a ``submit`` now would wait for it)."""
+        return self._pending is not None and not self._pending.done()
 
     def check(self) -> None:
         """Raise the error of a write that failed since the last call; cheap enough for every step."""

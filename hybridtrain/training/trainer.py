@@ -34,6 +34,10 @@ ranks a step apart they still stop together, after the same step.
 Checkpoint timing: ``interval_steps`` and ``interval_minutes`` as given, or with
 ``auto_interval`` a time interval derived from ``preemptions_per_hour`` and the measured write
 time (``hybridtrain.training.checkpoint_interval``); timing checkpoints never changes the training itself.
+A step checkpoint is left out when it would come sooner after the previous one than its measured
+cost allows under ``max_overhead`` (default 1 % of training's time, as CheckFreq bounds it): every
+100 steps of a model whose steps take 1 ms, and whose checkpoint costs training 12 ms, would
+otherwise cost 12 %; they then come every 1.2 s, at multiples of 100 steps.
 Checkpoints are asynchronous (``hybridtrain.training.checkpoint_writer``): a step waits only for an
 in-memory snapshot of the state, which a background thread serializes, hashes and stores; that
 wait is the "write time" above. Preemption and the end of training wait for the write in flight.
@@ -104,6 +108,8 @@ class TrainResult:
     checkpoint_write_seconds: float = 0.0
     #: The time interval between checkpoints in force at the end (None: steps only).
     checkpoint_interval_s: float | None = None
+    #: ``interval_steps`` checkpoints left out to keep their cost under ``checkpoint.max_overhead``.
+    checkpoints_skipped: int = 0
 
 
 @dataclass
@@ -379,6 +385,8 @@ class Trainer:
         saved_position = progress.position() if state is not None else None
         written = 0
         write_seconds = 0.0
+        skipped = 0
+        told = False
         last_save_time = started
         rate = self.preemptions_per_hour or 0.0
         # Until a write has been timed, the derived interval is its lower bound (write time 0).
@@ -411,6 +419,34 @@ class Trainer:
             written += 1
             if cp.auto_interval:
                 interval_s = optimal_interval_s(write_seconds / written, rate)
+
+        def too_soon(now: float) -> bool:
+            """Whether a step checkpoint now would push the checkpoints' cost over ``max_overhead``.
+
+            One checkpoint's cost to training: the snapshot the step waited for, plus the CPU the
+            writer's thread used (on a host whose cores training keeps busy, it comes out of
+            training's share). The first is never skipped; one due while the previous write is
+            still in flight always is (the step would wait for that write).
+            """
+            nonlocal skipped, told
+            if cp.max_overhead is None or not writes or written == 0:
+                return False
+            if writer.busy:
+                skipped += 1
+                return True
+            writer.check()  # counts the write that just ended
+            cost = write_seconds / written + writer.write_cpu_seconds / max(writer.written, 1)
+            gap = cost / cp.max_overhead
+            if now - last_save_time >= gap:
+                return False
+            if not told:
+                told = True
+                log.info(
+                    "job %s: a checkpoint costs training about %.1f ms, so checkpoints every %d steps come at "
+                    "least %.2f s apart (checkpoint.max_overhead %.3g); null checkpoints every %d steps",
+                    self.job, cost * 1000, cp.interval_steps, gap, cp.max_overhead, cp.interval_steps)
+            skipped += 1
+            return True
 
         def stored() -> CheckpointInfo | None:
             """The newest stored checkpoint, once the write in flight (if any) is stored."""
@@ -455,11 +491,11 @@ class Trainer:
                 progress.epoch_samples += len(idx)
                 samples += len(idx)
 
-                due = cp.interval_steps is not None and progress.global_step % cp.interval_steps == 0
-                now = None
-                if interval_s is not None:
-                    now = clock()
-                    due = due or now - last_save_time >= interval_s
+                step_due = cp.interval_steps is not None and progress.global_step % cp.interval_steps == 0
+                now = clock() if step_due or interval_s is not None else None
+                due = interval_s is not None and now - last_save_time >= interval_s
+                if step_due and not due:
+                    due = not too_soon(now)
                 if due:
                     save()
                     # Any checkpoint restarts the time interval, whichever rule wrote it.
@@ -511,4 +547,5 @@ class Trainer:
             checkpoint_seconds=write_seconds,
             checkpoint_write_seconds=writer.write_seconds,
             checkpoint_interval_s=interval_s,
+            checkpoints_skipped=skipped,
         )

@@ -35,7 +35,7 @@ from tests.fixtures.training_data import LABEL, SPEC, make_frame
 def setup(config: dict[str, Any]) -> tuple[Trainer, pd.DataFrame, pd.DataFrame]:
     """The trainer and frames a worker with ``config`` uses (the tests build their reference run with it)."""
     spec = SPEC.model_copy(update={"epochs": config["epochs"], "batch_size": config["batch_size"]})
-    checkpoint = CheckpointSpec(interval_steps=config["interval_steps"], keep_last=3,
+    checkpoint = CheckpointSpec(interval_steps=config["interval_steps"], keep_last=3, max_overhead=None,
                                 preemption_grace_s=config["grace_s"])
     store = CheckpointStore.for_run(LocalObjectStore(config["store"]), "churn", "run", keep_last=3)
     trainer = Trainer(spec, checkpoint, store, LABEL, device="cpu", threads=1, job="churn")

@@ -283,7 +283,7 @@ SSH_SPEC = parse_spec({
                            LABEL: "int"}},
     "model": {"features": {"numeric": ["tenure", "charges"], "categorical": ["contract"]}, "hidden_layers": [16, 8],
               "dropout": 0.0, "epochs": 12, "batch_size": 128, "learning_rate": 0.01, "seed": 5, "threads": 1},
-    "checkpoint": {"interval_steps": 50, "keep_last": 2, "preemption_grace_s": GRACE_S},
+    "checkpoint": {"interval_steps": 50, "keep_last": 2, "max_overhead": None, "preemption_grace_s": GRACE_S},
     "resources": {"max_hours": 0.1},
     "registry": {"model_name": "churn-faults"},
 })

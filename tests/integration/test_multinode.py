@@ -32,7 +32,7 @@ WAIT_S = 240.0
 EPOCHS = 30  # 16 global batches an epoch (the last of 80 rows: 40 per rank), checkpoint every 50 steps
 MULTI = SPEC.model_copy(update={
     "model": SPEC.model.model_copy(update={"epochs": EPOCHS}),
-    "checkpoint": CheckpointSpec(interval_steps=50, keep_last=2),
+    "checkpoint": CheckpointSpec(interval_steps=50, keep_last=2, max_overhead=None),
     "resources": SPEC.resources.model_copy(update={"nodes": 2, "max_hours": 0.2}),
 })
 

@@ -38,7 +38,7 @@ def main(out: Path) -> None:
     with ddp.process_group():
         def trainer(name: str, spec=SPEC) -> Trainer:
             store = CheckpointStore.for_run(LocalObjectStore(out / f"store-{name}"), "churn", "run", keep_last=3)
-            return Trainer(spec, CheckpointSpec(interval_steps=10, keep_last=3), store, LABEL, device="cpu",
+            return Trainer(spec, CheckpointSpec(interval_steps=10, keep_last=3, max_overhead=None), store, LABEL, device="cpu",
                            threads=1, job="churn", distributed=ddp)
 
         epochs: list[int] = []

@@ -1,5 +1,6 @@
 import itertools
 import logging
+import time
 
 import numpy as np
 import pytest
@@ -47,7 +48,7 @@ def test_model_learns_and_clearly_beats_the_majority_class(reference):
 
 def test_checkpoints_follow_the_step_interval_and_retention_keeps_n(tmp_path, reference):
     store = ckpt_store(tmp_path)
-    result = trainer(store, CheckpointSpec(interval_steps=10, keep_last=2)).fit(TRAIN, VAL)
+    result = trainer(store, CheckpointSpec(interval_steps=10, keep_last=2, max_overhead=None)).fit(TRAIN, VAL)
     # Steps 10, 20, 30, 40 by the interval, then the final one at 48.
     assert result.checkpoints_written == 5
     assert [c.step for c in store.list()] == [40, 48]
@@ -68,6 +69,32 @@ def test_checkpoints_follow_the_time_interval_on_the_injected_clock(tmp_path):
     steps = [c.step for c in store.list()]
     assert steps == list(range(3, TOTAL_STEPS + 1, 3)) + [TOTAL_STEPS]
     assert result.checkpoints_written == len(steps)
+
+
+def test_step_checkpoints_are_spaced_to_keep_their_measured_cost_under_max_overhead(tmp_path, reference, caplog):
+    store = ckpt_store(tmp_path, keep_last=100)
+    save = store.save
+
+    def costly_save(*args, **kwargs):  # each write uses at least 30 ms of the writer thread's CPU
+        end = time.thread_time() + 0.03
+        while time.thread_time() < end:
+            pass
+        return save(*args, **kwargs)
+
+    store.save = costly_save
+    clock = itertools.count(0, 0.1).__next__  # one call per due step: 0.1 "seconds" every 2 steps
+    with caplog.at_level(logging.INFO, logger="hybridtrain.training.trainer"):
+        result = trainer(store, CheckpointSpec(interval_steps=2, keep_last=100, max_overhead=0.05)).fit(
+            TRAIN, VAL, clock=clock)
+    steps = [c.step for c in store.list()]
+    # The first is written before any cost is known; then >= 30 ms / 5 % = 0.6 s = 12 steps apart.
+    assert steps[0] == 2 and steps[-1] == TOTAL_STEPS
+    assert all(s % 2 == 0 for s in steps)
+    assert all(b - a >= 12 for a, b in zip(steps[:-2], steps[1:-1], strict=True))
+    assert result.checkpoints_written == len(steps)
+    assert result.checkpoints_skipped == TOTAL_STEPS // 2 - (len(steps) - 1)
+    assert "checkpoint.max_overhead 0.05" in caplog.text
+    assert_same_weights(result.model, reference[0].model)  # fewer checkpoints, the same training
 
 
 def test_epoch_permutation_depends_only_on_seed_and_epoch():
