@@ -86,14 +86,16 @@ def pid_of(stack: Stack, name: str) -> int | None:
         return None
 
 
-def spawn(stack: Stack, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """Start ``cmd`` in its own session (so `down` can stop it with everything it started)."""
+def spawn(stack: Stack, name: str, cmd: list[str], env: dict[str, str], nice: int = 0) -> subprocess.Popen:
+    """Start ``cmd`` in its own session (so `down` can stop it with everything it started), ``nice`` lower in
+    CPU priority (inherited by what it starts)."""
     stack.logs.mkdir(parents=True, exist_ok=True)
     stack.run_dir.mkdir(parents=True, exist_ok=True)
     log = stack.logs / f"{name}.log"
     with open(log, "ab") as fh:
         proc = subprocess.Popen(cmd, cwd=stack.root, env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=(lambda: os.nice(nice)) if nice else None)
     (stack.run_dir / f"{name}.pid").write_text(str(proc.pid))
     return proc
 
@@ -283,7 +285,7 @@ def start_workers(stack: Stack) -> int:
             sock = stack.warm_socket(pool)
             sock.parent.mkdir(parents=True, exist_ok=True)
             sock.parent.chmod(0o700)
-            proc = spawn(stack, name, cmd, stack.worker_env(pool))
+            proc = spawn(stack, name, cmd, stack.worker_env(pool), stack.nice_of(pool))
             wait_for(f"warm pool {pool}", sock.exists, proc, stack.logs / f"{name}.log", timeout=120)
     limits = pool_limits(stack)
     cmds = stack.worker_cmds(limits)
@@ -291,7 +293,7 @@ def start_workers(stack: Stack) -> int:
         if pid_of(stack, name):
             continue
         pool = name.split("-")[1]
-        spawn(stack, name, cmd, stack.worker_env(pool))
+        spawn(stack, name, cmd, stack.worker_env(pool), stack.nice_of(pool))
         started.append(name)
     names = ", ".join(f"{n} (--limit {c[c.index('--limit') + 1]})" if "--limit" in c else n for n, c in cmds.items())
     say(f"workers: {names}" + (f" ({len(started)} started)" if started else " (running)"))
@@ -331,7 +333,7 @@ def resolve(args: argparse.Namespace) -> Stack:
                                  "postgres_port": args.postgres_port, "s3_port": args.s3_port,
                                  "workers_per_pool": args.workers_per_pool,
                                  "worker_query_seconds": args.worker_query_seconds,
-                                 "warm_spares": args.warm_spares}.items() if v is not None}
+                                 "warm_spares": args.warm_spares, "site_nice": args.site_nice}.items() if v is not None}
     if changes and args.command == "up":
         stack = stack.model_copy(update=changes)
     return stack
@@ -440,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers-per-pool", type=int)
     ap.add_argument("--worker-query-seconds", type=float)
     ap.add_argument("--warm-spares", type=int, help="Pre-started spare processes per pool (0: start runs cold).")
+    ap.add_argument("--site-nice", type=int, choices=range(20), metavar="0-19",
+                    help="CPU niceness of the site pools' workers and their runs (default 10: the control plane "
+                         "keeps the CPU it needs on a shared host; 0: equal shares).")
     ap.add_argument("--no-deploy", action="store_true", help="Skip `hybridtrain deploy`.")
     ap.add_argument("--no-workers", action="store_true", help="Start no workers.")
     ap.add_argument("--no-doctor", action="store_true", help="Skip the final `hybridtrain doctor`.")

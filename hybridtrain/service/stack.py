@@ -61,6 +61,10 @@ class Stack(BaseModel):
         10.0, ge=0, description="How long before its scheduled time a worker may start a run.")
     warm_spares: int = Field(
         2, ge=0, description="Pre-imported spare processes per pool (workers.warm_pool) that start runs; 0: cold.")
+    site_nice: int = Field(
+        10, ge=0, le=19, description="CPU niceness of the site pools' workers and warm spares, inherited by the runs "
+        "they start: on a host shared with the control plane (Prefect API and scheduler, PostgreSQL, MLflow, the "
+        "control pool), training yields the CPU to it instead of starving it. 0: equal shares.")
     pg_bin: str = Field(description="Directory of the PostgreSQL server binaries (initdb, pg_ctl).")
     pg_os_user: str | None = Field(
         None, description="OS user that runs PostgreSQL when started as root (it refuses to run as root).")
@@ -228,6 +232,10 @@ class Stack(BaseModel):
 
     def workers_of(self, pool: str) -> int:
         return self.control_workers if pool == self.control_pool else self.workers_per_pool
+
+    def nice_of(self, pool: str) -> int:
+        """The niceness ``up`` starts ``pool``'s worker and warm-pool processes with (the control pool: 0)."""
+        return 0 if pool == self.control_pool else self.site_nice
 
     def warm_cmds(self) -> dict[str, list[str]]:
         """Name -> command of each pool's warm-pool daemon (none when ``warm_spares`` is 0)."""

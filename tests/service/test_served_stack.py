@@ -81,6 +81,25 @@ def test_each_site_pools_workers_share_its_run_limit(served, client_env):
         assert shares and (sum(shares) == limit if limit else shares == [None]), (pool, limit, shares)
 
 
+def niceness(pid: int | str) -> int:
+    """A process's nice value (field 19 of /proc/PID/stat; the command name before it may hold spaces)."""
+    return int((Path("/proc") / str(pid).strip() / "stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def test_site_pools_runs_yield_the_cpu_to_the_control_plane(served, client_env):
+    """The site pools' workers and warm spares (and so the runs they start) run at the stack's ``site_nice``; the
+    control plane and the control pool at the servers' own priority."""
+    stack = Stack.load(served)
+    assert stack.site_nice > 0
+    pids = {p.stem: p.read_text() for p in stack.run_dir.glob("*.pid")}
+    for name, pid in pids.items():
+        pool = name.removeprefix("warm-") if name.startswith("warm-") else (
+            name.split("-")[1] if name.startswith("worker-") else None)
+        expected = stack.site_nice if pool in stack.pools else 0
+        assert niceness(pid) == niceness(os.getpid()) + expected, (name, niceness(pid))
+    assert {"prefect-server", "mlflow", "worker-control-1", "worker-onprem-1", "worker-cloud-1"} <= set(pids)
+
+
 def test_burst_controller_and_recovery_run_on_their_own_schedules(served, client_env):
     def completed(flow: str) -> list:
         return [r for r in runs_of(flow) if r.auto_scheduled and r.state and r.state.is_completed()]

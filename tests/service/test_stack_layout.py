@@ -59,6 +59,13 @@ def test_each_worker_of_a_limited_pool_gets_its_share_as_limit(tmp_path):
     assert limit("worker-control-1") is None
 
 
+def test_site_pools_start_at_a_lower_cpu_priority_than_the_control_pool(tmp_path):
+    stack = Stack.create(tmp_path, PORTS, is_root=False, pg_bin="/x")
+    assert [stack.nice_of(p) for p in stack.worker_pools] == [10] * len(stack.pools) + [0]
+    equal = Stack.create(tmp_path, PORTS, is_root=False, pg_bin="/x", site_nice=0)
+    assert {equal.nice_of(p) for p in equal.worker_pools} == {0}
+
+
 def test_a_broken_stack_file_is_one_line_naming_it(tmp_path):
     Stack.file(tmp_path).parent.mkdir(parents=True)
     Stack.file(tmp_path).write_text('{"root": "/x", "bogus": 1}')
