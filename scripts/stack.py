@@ -93,9 +93,9 @@ def spawn(stack: Stack, name: str, cmd: list[str], env: dict[str, str], nice: in
     stack.run_dir.mkdir(parents=True, exist_ok=True)
     log = stack.logs / f"{name}.log"
     with open(log, "ab") as fh:
-        proc = subprocess.Popen(cmd, cwd=stack.root, env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=(lambda: os.nice(nice)) if nice else None)
+        proc = subprocess.Popen(["nice", "-n", str(nice), *cmd] if nice else cmd, cwd=stack.root,
+                                env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     (stack.run_dir / f"{name}.pid").write_text(str(proc.pid))
     return proc
 
