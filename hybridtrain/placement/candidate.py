@@ -103,6 +103,12 @@ class Conditions:
             w = self._waits[key] = q.wait_s(gpus, tier, hours, limit_hours) if q is not None else 0.0
         return w
 
+    def first_queue_wait(self, site: str, gpus: int, hours: float, limit_hours: float) -> float:
+        """Expected wait (s) at ``site`` of a new run queued first with every stoppable run stopped
+        (see ``QueueState.first_queue_wait_s``); 0 for a site without a queue state."""
+        q = self.queues.get(site)
+        return q.first_queue_wait_s(gpus, hours, limit_hours) if q is not None else 0.0
+
     def queued(self, site: str) -> int:
         q = self.queues.get(site)
         return q.queued if q is not None else 0
@@ -214,14 +220,26 @@ class CandidateView:
         return best
 
     def cheapest_meeting_if_started_now(self, group: str = "all") -> int:
-        """Cheapest feasible candidate in ``group`` that would meet the due time with no queue wait; -1 if none."""
+        """Cheapest feasible candidate in ``group`` that would meet the due time if it started as soon
+        as room can be made for it; -1 if none.
+
+        "As soon as" is the wait of a run queued first with every stoppable running run stopped
+        (``QueueState.first_queue_wait_s``): it still waits for the urgent and stay-at-home runs
+        ahead of it and on the slots — room the burst controller cannot make. Without per-run
+        detail in the queue state, no wait at all.
+        """
         best, best_total = -1, math.inf
+        r = self.request
         for pos in self.affordable(group):
             p = self.priced(pos)
             if not p.feasible or p.total >= best_total:
                 continue
+            c = self.plan.cands[pos]
+            first = (self.conditions.first_queue_wait(c.site, r.gpus, r.run_hours * c.inv_speed,
+                                                      r.max_run_hours * c.inv_speed)
+                     if c.onprem and self.conditions.queues else 0.0)
             slack = (self.deadline if self.deadline is not None else self.due) - self.now
-            at = p.finish - p.wait if self.deadline is not None else p.start - p.wait
+            at = (p.finish if self.deadline is not None else p.start) - p.wait + min(first, p.wait)
             if at <= slack + EPS_S:
                 best, best_total = pos, p.total
         return best

@@ -252,6 +252,25 @@ class QueueState:
         self._waits[key] = wait
         return wait
 
+    def first_queue_wait_s(self, gpus: int, hours: float = 1.0, limit_hours: float | None = None) -> float:
+        """Expected seconds before a new run put in the first queue (``QueueTier.stay``, as an
+        urgent run is) starts here if every running run that may be stopped for it were stopped.
+
+        It still waits for what nothing may stop: the runs already in the first queue ahead of it
+        and the running runs of that tier (data that may not leave, urgent runs). 0 when the
+        snapshot has no per-run detail (counts only, or a bare expected wait). Cached.
+        """
+        if self.expected_wait_s is not None or self.backlog is None or self.running_runs is None:
+            return 0.0
+        key = ("first", gpus, hours, limit_hours)
+        cached = self._waits.get(key)
+        if cached is None:
+            stay = QueueTier.stay
+            cached = self._waits[key] = start_delay(
+                self.gpu_slots, [r for r in self.running_runs if r.tier is stay],
+                [r for r in self.backlog if r.tier is stay], QueuedRun(gpus, hours, stay, limit_hours))
+        return cached
+
     @classmethod
     def idle(cls, site: str, gpu_slots: int) -> QueueState:
         return cls(site=site, gpu_slots=gpu_slots)

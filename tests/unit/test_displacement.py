@@ -4,6 +4,8 @@ controller makes room for it, and the simulator does so as soon as it is queued.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 from hybridtrain.placement.burst import RunningRun, WaitingRun, plan_bursts
 from hybridtrain.placement.duration_estimator import plan_hours
 from hybridtrain.placement.engine import Placement
-from hybridtrain.placement.queue_state import QueueTier
+from hybridtrain.placement.queue_state import QueuedRun, QueueState, QueueTier
 from hybridtrain.placement.strategy import STRATEGIES
 from hybridtrain.simulation.comparison import default_scenario
 from hybridtrain.simulation.simulator import Simulation, our_policy
@@ -129,3 +131,43 @@ def test_a_replay_does_not_depend_on_string_hashing():
         outs.append(done.stdout)
     assert "evictions=0," not in outs[0]  # the slice exercises displacement
     assert outs[0] == outs[1]
+
+
+def pool_of(tiers: list[QueueTier], hours_left: float, first_queue: int = 0) -> dict[str, QueueState]:
+    """The 8-GPU pool full with one-GPU runs of ``tiers`` (``hours_left`` each), and ``first_queue``
+    urgent half-hour runs already waiting in the first queue."""
+    running = tuple(QueuedRun(1, hours_left, t) for t in tiers)
+    backlog = tuple(QueuedRun(1, 0.5, QueueTier.stay) for _ in range(first_queue))
+    return {"onprem-dc1": QueueState("onprem-dc1", 8, len(tiers), running=len(tiers), scheduled=first_queue,
+                                     backlog=backlog, running_runs=running)}
+
+
+@pytest.mark.parametrize("why, tiers, first_queue", [
+    ("every running run is stay-at-home", [QueueTier.stay] * 8, 0),
+    ("the first queue ahead already takes longer than the slack", [QueueTier.on_demand] * 8, 24),
+])
+def test_no_displacement_when_no_room_can_be_made_in_time(displacing, why, tiers, first_queue):
+    # Regression (issue #21, loose seeds 2026/2028 at 1.10x): with the pool held by runs nothing may
+    # stop, short urgent runs piled up in the first queue, each "on time if it started now", and missed.
+    short = request(run_hours=0.5, max_run_hours=1.0, deadline=NOW + 1.0 * H)
+    stoppable = displacing.decide(short, now=NOW, queues=pool_of([QueueTier.on_demand] * 8, 5.0))
+    assert stoppable.site == "onprem-dc1" and stoppable.urgent  # room can be made: it displaces
+    d = displacing.decide(short, now=NOW, queues=pool_of(tiers, 5.0, first_queue))
+    assert d.site != "onprem-dc1" and d.meets_deadline and not d.urgent, why
+
+
+def test_the_first_queue_wait_counts_only_what_nothing_may_stop():
+    q = pool_of([QueueTier.stay] * 2 + [QueueTier.on_demand] * 6, 5.0, first_queue=3)["onprem-dc1"]
+    # the 6 stoppable slots are free for it, but 3 urgent runs go first: it still starts at once
+    assert q.first_queue_wait_s(1, 0.5, 1.0) == 0.0
+    assert q.first_queue_wait_s(4, 0.5, 1.0) == pytest.approx(0.5 * H)  # 3 left beside them: until they end
+    assert q.first_queue_wait_s(7, 0.5, 1.0) == pytest.approx(5.0 * H)  # more than 6: the stay-at-home runs' end
+    assert QueueState("onprem-dc1", 8, 8, running=8).first_queue_wait_s(1) == 0.0  # counts only: unknown
+
+
+def test_the_simulated_pool_bursts_a_short_run_when_nothing_it_may_stop_is_running():
+    # One GPU, held for 10 h by a run whose data may not leave; a 12-minute run due in an hour arrives.
+    held = dataclasses.replace(job("held", 0.0, 10.0, 12.0), sensitivity=Sensitivity.restricted)
+    short = job("short", H, 0.2, 0.25, deadline_h=1.0, job_class="production", gb=1.0)
+    out = {o.job.id: o for o in Simulation(default_scenario(1), our_policy()).run([held, short])}
+    assert out["held"].evictions == 0 and out["short"].cloud and not out["short"].missed
