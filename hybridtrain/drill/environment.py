@@ -51,7 +51,9 @@ def drill_spec(steps: int, interval: int, data_site: str) -> JobSpec:
         "model": {"features": {"numeric": ["tenure", "charges"], "categorical": ["contract"]},
                   "hidden_layers": [128, 64], "dropout": 0.0, "epochs": EPOCHS, "batch_size": BATCH_SIZE,
                   "learning_rate": 0.01, "seed": 5, "threads": 1},
-        "checkpoint": {"interval_steps": interval, "keep_last": 3, "preemption_grace_s": 30},
+        # Every `interval` steps exactly (no max_overhead spacing): the drill's faults and its "lost less than an
+        # interval" check are planned against that cadence.
+        "checkpoint": {"interval_steps": interval, "keep_last": 3, "max_overhead": None, "preemption_grace_s": 30},
         "resources": {"cpus": 1, "max_hours": 0.5},
         "registry": {"model_name": JOB},
     }, source="drill job spec")

@@ -257,8 +257,8 @@ class CheckpointSpec(Strict):
         description="The most of training's time the interval_steps checkpoints may cost (as CheckFreq does): the "
         "trainer measures what one checkpoint costs training (the snapshot the step waits for plus the background "
         "writer's CPU) and skips a step checkpoint due sooner than cost / max_overhead after the previous one. "
-        "Time-based checkpoints and those at a preemption or the end are never skipped. null: exactly every "
-        "interval_steps.",
+        "Time-based checkpoints and those at a preemption or the end are never skipped; a crash (kill -9) may then lose "
+        "up to that gap instead of interval_steps. null: exactly every interval_steps.",
     )
     auto_interval: bool = Field(
         False,
