@@ -434,7 +434,7 @@ class Trainer:
             if writer.busy:
                 skipped += 1
                 return True
-            writer.check()  # counts the write that just ended
+            # The writer counts a write once it has ended (the step already called writer.check()).
             cost = write_seconds / written + writer.write_cpu_seconds / max(writer.written, 1)
             gap = cost / cp.max_overhead
             if now - last_save_time >= gap:
@@ -443,7 +443,7 @@ class Trainer:
                 told = True
                 log.info(
                     "job %s: a checkpoint costs training about %.1f ms, so checkpoints every %d steps come at "
-                    "least %.2f s apart (checkpoint.max_overhead %.3g); null checkpoints every %d steps",
+                    "least %.2f s apart (checkpoint.max_overhead %.3g; set it to null to checkpoint every %d steps)",
                     self.job, cost * 1000, cp.interval_steps, gap, cp.max_overhead, cp.interval_steps)
             skipped += 1
             return True
