@@ -10,7 +10,7 @@ from hybridtrain.placement.node_fit import host_key, node_shortfall, reserve_hos
 from hybridtrain.placement.policy import Policy
 from hybridtrain.placement.request import request_from_spec
 from hybridtrain.specs.job import load_spec, parse_spec
-from hybridtrain.specs.sites import SshHost
+from hybridtrain.specs.sites import CloudInstances, SshHost
 from tests.fixtures.placement_cases import CLOUD_EU, NOW, ONPREM, request, site
 from tests.fixtures.workspaces import ROOT
 
@@ -48,6 +48,18 @@ def test_a_site_needs_n_hosts_with_the_per_node_gpus():
                                         "GPUs); the job needs 3 nodes")
     assert "lists no SSH hosts" in node_shortfall(ONPREM, 2, 1)
     assert node_shortfall(CLOUD_EU, 4, 4) is None  # N instances; the GPU total is checked by the policy
+
+
+def test_a_cloud_site_that_starts_instances_needs_max_instances_and_their_gpus():
+    block = CloudInstances(region="r", image_id="ami-1", instance_type="p4d.24xlarge", gpus_per_instance=8,
+                           username="ubuntu", max_instances=3,
+                           host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHLlzJ1hWXMAHNd1YyA7qXJ0ybsN/c3nkDGKEeDXKCWk")
+    cloud = CLOUD_EU.model_copy(update={"instances": block})
+    assert node_shortfall(cloud, 3, 8) is None
+    assert node_shortfall(cloud, 4, 8) == ("site cloud-eu starts at most 3 instance(s) for one job "
+                                           "(sites.cloud-eu.instances.max_instances); the job needs 4 nodes")
+    assert node_shortfall(cloud, 2, 16) == ("site cloud-eu's instances (p4d.24xlarge) have 8 GPU(s); the job needs "
+                                            "16 per node")
     assert node_shortfall(ONPREM, 1, 1) is None  # one node: what every site could always do
 
 
