@@ -30,7 +30,8 @@ from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.trainer import Trainer
 from tests.fixtures.cloud_fleet import ADDRESSES, Hypervisor
 from tests.fixtures.processes import start_sshd, stop_sshd, wait_until
-from tests.integration.test_multinode import EPOCHS, MULTI
+from tests.fixtures.ssh_job import MULTI
+from tests.fixtures.ssh_job import MULTI_EPOCHS as EPOCHS
 
 pytestmark = pytest.mark.slow  # an sshd standing for the instances, torchrun ranks, a killed control plane
 
