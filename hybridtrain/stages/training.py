@@ -1,4 +1,4 @@
-"""Training stage: fit at the placed site (inline, or on an SSH host) from its newest checkpoint, and move checkpoints between sites."""
+"""Training stage: fit at the placed site (inline, on SSH hosts, or on cloud instances it starts) from its newest checkpoint, and move checkpoints between sites."""
 
 from __future__ import annotations
 
@@ -42,7 +42,11 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     first SSH host — or, with ``resources.nodes: N``, on N of its hosts together
     (``multinode_training.ssh_train_nodes``) — under torchrun (``remote_training.ssh_train``, job id ``<job>-<run_key>``,
     so a retry re-attaches to a job still running there), its log lines going to ``on_line``;
-    without it, in this process.
+    without it, in this process. A job of N nodes at a cloud site with ``instances:`` first
+    terminates what an earlier attempt of the same job id left running, starts N instances
+    (``remote.cloud_instances.provision``, pinned by the image's host key), trains on them the same
+    way and terminates them whatever happens; their ids go to the MLflow tag ``cloud.instances``
+    and ``TrainOutput.instances``.
 
     Preemption raises ``Preempted`` (step, checkpoint key, site): over SSH when the job stopped
     for a notice (SIGTERM to it) after writing its checkpoint; in this process when
