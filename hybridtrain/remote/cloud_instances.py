@@ -178,7 +178,11 @@ def provision(site: Site, nodes: int, job_id: str, credentials: Ec2Credentials |
                 f"sites.{site.name}.instances.boot_timeout_s, check that the image starts sshd and this machine "
                 "reaches the subnet, or place the job elsewhere"))
     except BaseException:
-        _terminate(ec2, site.name, started)
+        try:
+            _terminate(ec2, site.name, started)
+        except SiteUnavailable:
+            log.exception("site %s: the instances of job %s that did not all come up could not be terminated",
+                          site.name, job_id)
         raise
     hosts = tuple(_host(fleet, instance, addresses[instance]) for instance in started)
     known = "".join(_known_host(h, fleet.host_key) for h in hosts)

@@ -120,22 +120,35 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
             from hybridtrain.remote import cloud_instances  # lazy: heavy (boto3)
 
             credentials = ec2_credentials(ws, s)
+            say = on_line or (lambda text: log.info("[%s] %s", job_id, text))
+
+            def record(ids: list[str], outcome: str) -> None:
+                audit(ws).append(actor=ws.actor, action="cloud_instances", subject=f"job {spec.name}",
+                                 inputs={"mlflow_run_id": run_id, "run_key": run_key, "site": site, "job_id": job_id,
+                                         "instance_type": s.instances.instance_type, "instances": ids},
+                                 outcome=outcome)
+
             # A resumed attempt never pays for the machines of the one before it (killed before its cleanup).
             left = cloud_instances.terminate_orphans(s, job_id, credentials)
             if left:
-                (on_line or log.info)(f"hybridtrain: terminated {', '.join(left)}, left running by an earlier "
-                                      f"attempt of job {job_id}")
+                say(f"hybridtrain: terminated {', '.join(left)}, left running by an earlier attempt of job {job_id}")
+                record(left, "terminated: left running by an earlier attempt")
             shown.start(f"starting {spec.resources.nodes} instances at {site}, job {job_id}")
-            with cloud_instances.provision(s, spec.resources.nodes, job_id, credentials) as fleet:
-                instance_ids = list(fleet.instance_ids)
-                registry.set_tags(run_id, {"cloud.instances": ",".join(instance_ids),
-                                           "cloud.instance_type": s.instances.instance_type})
-                (on_line or log.info)(f"hybridtrain: instances {', '.join(instance_ids)} are up at "
-                                      f"{', '.join(h.hostname for h in fleet.hosts)}")
-                files = ssh_train_nodes(ws, spec, approved, s, fleet.hosts, ssh.private_key, fleet.known_hosts,
-                                        run_key, job_id, host_line, mlflow_run_id=run_id,
-                                        preemptions_per_hour=preemptions_per_hour,
-                                        timeouts=timeouts_of(fleet.hosts[0]))
+            fleet = cloud_instances.provision(s, spec.resources.nodes, job_id, credentials)
+            instance_ids = list(fleet.instance_ids)
+            try:
+                with fleet:
+                    registry.set_tags(run_id, {"cloud.instances": ",".join(instance_ids),
+                                               "cloud.instance_type": s.instances.instance_type})
+                    say(f"hybridtrain: instances {', '.join(instance_ids)} are up at "
+                        f"{', '.join(h.hostname for h in fleet.hosts)}")
+                    files = ssh_train_nodes(ws, spec, approved, s, fleet.hosts, ssh.private_key, fleet.known_hosts,
+                                            run_key, job_id, host_line, mlflow_run_id=run_id,
+                                            preemptions_per_hour=preemptions_per_hour,
+                                            timeouts=timeouts_of(fleet.hosts[0]))
+            finally:
+                record(instance_ids, "terminated" if fleet.terminated else
+                       f"NOT terminated: terminate {', '.join(instance_ids)} (tag hybridtrain:job={job_id})")
         elif spec.resources.nodes > 1:
             hosts = reserve_hosts(s, spec.resources.nodes, spec.resources.gpus, job=spec.name).hosts
             shown.start(f"on {len(hosts)} SSH hosts ({', '.join(h.hostname for h in hosts)}), job {job_id}")

@@ -20,6 +20,7 @@ import yaml
 from pydantic import SecretStr
 
 from hybridtrain.datasets import partitioned
+from hybridtrain.governance.audit_log import AuditLog
 from hybridtrain.remote.ssh_site import SshCredentials
 from hybridtrain.specs.sites import CHECKPOINT_SUBDIR, Site, SitesCatalog
 from hybridtrain.stages.training import train
@@ -94,6 +95,12 @@ def assert_close_weights(ws, model_uri: str, single) -> None:
         torch.testing.assert_close(two[name], tensor, rtol=1e-4, atol=1e-5)
 
 
+def instance_records(ws, run_key: str) -> list[tuple[list[str], str]]:
+    """(instances, outcome) of the audit log's cloud_instances records of ``run_key``."""
+    return [(r.inputs["instances"], r.outcome) for r in AuditLog.in_workspace(ws.root).records()
+            if r.action == "cloud_instances" and r.inputs["run_key"] == run_key]
+
+
 def new_run(ws, name: str) -> tuple[Registry, str]:
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
     return registry, registry.start_run(ws.experiment, name, {"test": name})
@@ -118,6 +125,7 @@ def test_a_two_node_job_on_a_cloud_site_starts_two_instances_trains_like_one_pro
     assert "127.0.0.4" in launched and "127.0.0.5" in launched and "rendezvous at 127.0.0.4:" in launched
     for instance in out.instances:  # each instance fetched its own data copy into its own workdir
         assert (instances_dir / instance / "data-copy").is_dir()
+    assert instance_records(ws, "cloud-together") == [(out.instances, "terminated")]
 
 
 def test_a_killed_control_plane_leaves_instances_that_the_resumed_attempt_terminates_before_it_starts_fresh_ones(
@@ -159,3 +167,6 @@ def test_a_killed_control_plane_leaves_instances_that_the_resumed_attempt_termin
     assert out.resumed_from_step is not None and 0 < out.resumed_from_step < EPOCHS * 16
     assert out.global_step == EPOCHS * 16
     assert_close_weights(ws, out.model_uri, single)
+    records = instance_records(ws, run_key)
+    assert [(sorted(ids), outcome) for ids, outcome in records] == [
+        (sorted(first), "terminated: left running by an earlier attempt"), (sorted(out.instances), "terminated")]
