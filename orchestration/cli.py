@@ -175,7 +175,8 @@ def credentials(
     site: Annotated[str, typer.Argument(help="Site name from the sites catalog.")],
     ssh_key: Annotated[Path | None, typer.Option(help="Private key file for the site's SSH hosts.")] = None,
     known_hosts: Annotated[Path | None, typer.Option(help="known_hosts file pinning the hosts' keys.")] = None,
-    aws_access_key_id: Annotated[str | None, typer.Option(help="S3 access key id of the site's store.")] = None,
+    aws_access_key_id: Annotated[str | None, typer.Option(
+        help="AWS access key id: the site's S3 store and, with instances:, the EC2 API that starts them.")] = None,
     aws_secret_access_key_file: Annotated[Path | None, typer.Option(
         help="File holding the S3 secret key (a file, so the secret never lands in shell history).")] = None,
     home: HomeOpt = None,

@@ -12,16 +12,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hybridtrain.drill.processes import stop_with_children
 from hybridtrain.drill.timeline import DrillFailed
 from hybridtrain.specs.sites import SshHost
-
-if TYPE_CHECKING:
-    from hybridtrain.specs.sites import SshHost
 
 log = logging.getLogger(__name__)
 
@@ -108,13 +106,15 @@ class LoopbackSshd:
         return None
 
     @classmethod
-    def start(cls, d: Path, timeout: float = 15.0, port: int | None = None) -> LoopbackSshd:
+    def start(cls, d: Path, timeout: float = 15.0, port: int | None = None,
+              addresses: Sequence[str] = ("127.0.0.1",)) -> LoopbackSshd:
         """Start sshd with the keys in ``d`` (made on first use) on ``port`` (default: a free loopback port).
 
         Starting again with the same ``d`` and port brings "the same host" back: same host key,
         authorized key and working directory. The login user is whoever runs the drill.
+        ``addresses``: the loopback addresses it listens on (at most 16; the first is ``host``'s),
+        so one server can stand for several machines, each at its own 127.x address.
         """
-
 
         d.mkdir(parents=True, exist_ok=True)
         for name in ("host_key", "user_key"):
@@ -129,12 +129,13 @@ class LoopbackSshd:
             with open(log_path, "wb") as fh:
                 proc = subprocess.Popen(
                     [shutil.which("sshd") or SSHD, "-D", "-e", "-f", "/dev/null", f"-oHostKey={d / 'host_key'}",
-                     f"-oPidFile={d / 'sshd.pid'}", f"-oPort={chosen}", "-oListenAddress=127.0.0.1",
+                     f"-oPidFile={d / 'sshd.pid'}", f"-oPort={chosen}",
+                     *(f"-oListenAddress={a}" for a in addresses),
                      f"-oAuthorizedKeysFile={d / 'authorized_keys'}", "-oPasswordAuthentication=no",
                      "-oKbdInteractiveAuthentication=no", "-oUsePAM=no", "-oStrictModes=no",
                      "-oPermitRootLogin=prohibit-password", "-oSubsystem=sftp internal-sftp"],
                     stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            if listening(chosen, proc, timeout):
+            if listening(chosen, proc, timeout, addresses[0]):
                 break
             if proc.poll() is None:
                 proc.kill()
@@ -145,10 +146,10 @@ class LoopbackSshd:
             raise DrillFailed(f"sshd found no free port: {log_path.read_text()[-2000:]}")
         workdir = d / "work"
         workdir.mkdir(exist_ok=True)
-        host = SshHost(hostname="127.0.0.1", port=chosen, username=pwd.getpwuid(os.getuid()).pw_name, gpus=0,
+        host = SshHost(hostname=addresses[0], port=chosen, username=pwd.getpwuid(os.getuid()).pw_name, gpus=0,
                        workdir=str(workdir), python=sys.executable)
         return cls(proc=proc, host=host, private_key=(d / "user_key").read_text(),
-                   known_hosts=known_host_line(d / "host_key.pub", chosen))
+                   known_hosts="".join(known_host_line(d / "host_key.pub", chosen, a) for a in addresses))
 
     def stop(self) -> None:
         """Stop the listener, then every connection it was serving (a stopped host has none)."""
@@ -161,10 +162,10 @@ def keygen(path: Path) -> None:
                    check=True, timeout=30, capture_output=True)
 
 
-def known_host_line(pub: Path, port: int) -> str:
-    """The known_hosts line for a loopback host on ``port`` whose host key is ``pub``."""
+def known_host_line(pub: Path, port: int, address: str = "127.0.0.1") -> str:
+    """The known_hosts line for a loopback host at ``address`` on ``port`` whose host key is ``pub``."""
     kind, b64 = pub.read_text().split()[:2]
-    return f"[127.0.0.1]:{port} {kind} {b64}\n"
+    return f"[{address}]:{port} {kind} {b64}\n"
 
 
 def free_port() -> int:
@@ -173,13 +174,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def listening(port: int, proc: subprocess.Popen, timeout: float) -> bool:
+def listening(port: int, proc: subprocess.Popen, timeout: float, address: str = "127.0.0.1") -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
+            with socket.create_connection((address, port), timeout=1):
                 return True
         except OSError:
             time.sleep(0.05)

@@ -67,7 +67,7 @@ from hybridtrain.governance.signing_key import SigningKey, VerifyKey
 
 #: What records may say happened. New kinds are added here, so a typo cannot invent one.
 ACTIONS = ("placement", "sync", "tier_promotion", "gate", "promotion", "release", "rollback", "retire", "bundle",
-           "training_attempt", "recovery", "serve", "canary")
+           "training_attempt", "recovery", "serve", "canary", "cloud_instances")
 GENESIS_HASH = "0" * 64
 DEFAULT_RELATIVE_PATH = Path(".hybridtrain") / "audit" / "audit.jsonl"
 LOCK_TIMEOUT_S = 60.0

@@ -7,7 +7,8 @@ functions of explicit inputs, like the rest of placement:
 - ``node_shortfall(site, N, G)`` — the static check the policy applies to every candidate: an
   on-prem site needs N SSH hosts (``sites.yaml`` ``hosts:``) with at least G GPUs each; an
   on-prem site without SSH hosts runs jobs in a local process and has one node; a cloud site
-  starts N instances, so it needs ``gpu_count >= N × G`` (checked with the other GPU limits).
+  starts N instances, so it needs ``gpu_count >= N × G`` (checked with the other GPU limits) and,
+  when it declares ``instances:``, ``max_instances >= N`` and ``gpus_per_instance >= G``.
 - ``reserve_hosts(site, N, G, busy)`` — at run time: the first N eligible hosts that are not
   ``busy`` (hosts running another job, as the caller knows them), in catalog order. The first
   one hosts the rendezvous. Too few free hosts raises ``NoFeasiblePlacement`` with the numbers.
@@ -67,7 +68,16 @@ def node_shortfall(site: Site, nodes: int, gpus_per_node: int) -> str | None:
         return (f"site {site.name} has {len(eligible)} SSH host(s) with >= {gpus_per_node} GPUs"
                 f"{f' ({fewer} more with fewer GPUs)' if fewer else ''}; the job needs {nodes} nodes")
     if site.kind is SiteKind.cloud:
-        return None  # N instances; their GPUs are checked against gpu_count with the other limits
+        fleet = site.instances
+        if fleet is None:
+            return None  # N instances; their GPUs are checked against gpu_count with the other limits
+        if fleet.max_instances < nodes:
+            return (f"site {site.name} starts at most {fleet.max_instances} instance(s) for one job "
+                    f"(sites.{site.name}.instances.max_instances); the job needs {nodes} nodes")
+        if fleet.gpus_per_instance < gpus_per_node:
+            return (f"site {site.name}'s instances ({fleet.instance_type}) have {fleet.gpus_per_instance} GPU(s); "
+                    f"the job needs {gpus_per_node} per node")
+        return None
     return (f"site {site.name} lists no SSH hosts (it trains in a local process: 1 node); the job needs "
             f"{nodes} nodes — add hosts to sites.{site.name}.hosts or set resources.nodes: 1")
 

@@ -32,6 +32,9 @@ SECRETS_FILE = "secrets.json"
 JOB_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
+HOST_EXCLUDES = {"site": {"instances"}}
+
+
 class JobBundle(BaseModel):
     """One training job as shipped to a host."""
 
@@ -55,9 +58,11 @@ class JobBundle(BaseModel):
         """Write ``bundle.json`` and ``secrets.json`` (mode 0600) into ``directory``; returns it."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        public = self.model_dump(mode="json")
+        # How a cloud site starts instances is the control plane's business, never the host's (and a host
+        # image older than the ``instances`` field still reads the bundle).
+        public = self.model_dump(mode="json", exclude=HOST_EXCLUDES)
         secrets: dict[str, str] = {}
-        _blank_secrets(self.model_dump(mode="python"), public, "", secrets)
+        _blank_secrets(self.model_dump(mode="python", exclude=HOST_EXCLUDES), public, "", secrets)
         _write_atomic(directory / SECRETS_FILE, json.dumps(secrets, sort_keys=True).encode(), 0o600)
         _write_atomic(directory / BUNDLE_FILE, json.dumps(public, indent=1, sort_keys=True).encode(), 0o644)
         return directory

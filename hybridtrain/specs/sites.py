@@ -8,6 +8,8 @@ The catalog is ``deployments/sites.yaml``; the same fields can be stored as Pref
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -104,6 +106,69 @@ class SshHost(Strict):
         60.0, gt=0, description="How long a dropped link to a running job is retried before the site counts as lost.")
 
 
+INSTANCE_ID_FIELD = "{instance_id}"
+
+
+class CloudInstances(Strict):
+    """How a cloud site starts machines for a multi-node job: an EC2 (or EC2-compatible) API, an image, an SSH login.
+
+    A job of ``resources.nodes: N`` placed at the site starts N instances of ``image_id``, trains
+    on them over SSH like on-prem hosts, and terminates them afterwards. The image must hold
+    hybridtrain (``python``) and a baked SSH host key (``host_key``), so the key every started
+    instance shows is known before it boots — never trusted on first use.
+    """
+
+    provider: Literal["ec2"] = Field("ec2", description="The API that starts instances (boto3 EC2 client).")
+    region: str = Field(min_length=1, description="Region the instances start in, e.g. eu-west-1.")
+    endpoint_url: str | None = Field(None, description="Omit for AWS; set for another EC2-compatible API.")
+    image_id: str = Field(min_length=1, description="Machine image (AMI) with hybridtrain and a baked SSH host key.")
+    instance_type: str = Field(min_length=1, description="e.g. p4d.24xlarge.")
+    gpus_per_instance: int = Field(0, ge=0, description="GPUs one instance has (a job's per-node GPUs must fit).")
+    subnet_id: str | None = Field(None, description="Subnet to start in (the instances reach each other and the "
+                                                    "control plane reaches them on their private addresses).")
+    security_group_ids: tuple[str, ...] = Field((), description="Security groups (SSH and the rendezvous open "
+                                                                "between the instances).")
+    key_name: str | None = Field(None, description="EC2 key pair authorized on the instances; the site block "
+                                                   "holds its private key (ssh_private_key).")
+    username: str = Field(min_length=1, description="SSH login on the image.")
+    port: int = Field(22, ge=1, le=65535)
+    workdir: str = Field("~/hybridtrain", description="Where job bundles are unpacked; {instance_id} is replaced "
+                                                      "by the instance's id.")
+    python: str = Field("python3", description="Interpreter on the image with hybridtrain installed.")
+    host_key: str = Field(description="The image's SSH host public key, one line: 'ssh-ed25519 AAAA...'.")
+    max_instances: int = Field(8, ge=1, description="Most instances one job may start at this site.")
+    boot_timeout_s: float = Field(600.0, gt=0, description="How long all instances may take to run and answer "
+                                                           "on SSH before they are terminated.")
+    connect_timeout_s: float = Field(10.0, gt=0, description="TCP connect, banner, auth, opening a channel.")
+    command_timeout_s: float = Field(60.0, gt=0, description="One short command or SFTP operation.")
+    reconnect_s: float = Field(
+        60.0, gt=0, description="How long a dropped link to a running job is retried before the site counts as lost.")
+
+    @field_validator("host_key")
+    @classmethod
+    def _one_public_key(cls, v: str) -> str:
+        parts = v.split()
+        fix = ("give the image's host public key as one line 'ssh-ed25519 AAAA...' (the contents of "
+               "/etc/ssh/ssh_host_ed25519_key.pub baked into the image)")
+        if len(parts) < 2 or not re.match(r"^(ssh-[a-z0-9-]+|ecdsa-sha2-[a-z0-9-]+)$", parts[0]):
+            raise ValueError(f"not an SSH public key: {fix}")
+        try:
+            blob = base64.b64decode(parts[1], validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(f"the key is not valid base64: {fix}") from None
+        if not blob.startswith(len(parts[0]).to_bytes(4, "big") + parts[0].encode()):
+            raise ValueError(f"the key's type does not match its data: {fix}")
+        return f"{parts[0]} {parts[1]}"
+
+    @field_validator("workdir")
+    @classmethod
+    def _placeholder(cls, v: str) -> str:
+        rest = v.replace(INSTANCE_ID_FIELD, "")
+        if "{" in rest or "}" in rest:
+            raise ValueError(f"the only placeholder a workdir may hold is {INSTANCE_ID_FIELD}")
+        return v
+
+
 class Site(Strict):
     """One environment: its place, its GPUs, its prices, its work pool, its store and its hosts."""
 
@@ -124,6 +189,8 @@ class Site(Strict):
     work_pool: str = Field(pattern=NAME_RE, description="Prefect work pool that runs this site's work.")
     store: Store
     hosts: tuple[SshHost, ...] = ()
+    instances: CloudInstances | None = Field(
+        None, description="Cloud sites: how to start instances for multi-node jobs (resources.nodes > 1).")
 
     @model_validator(mode="after")
     def _priced(self) -> Site:
@@ -131,6 +198,12 @@ class Site(Strict):
             raise ValueError("give price_per_gpu_hour or onprem_cost so the site's GPU-hour has a price")
         if self.onprem_cost is not None and self.kind is not SiteKind.onprem:
             raise ValueError("onprem_cost applies to kind: onprem sites only")
+        if self.instances is not None and self.kind is not SiteKind.cloud:
+            raise ValueError(f"sites.{self.name}.instances applies to kind: cloud sites only: remove it, or list "
+                             "this site's machines under hosts")
+        if self.instances is not None and self.hosts:
+            raise ValueError(f"site {self.name} gives both hosts and instances: a multi-node job either runs on the "
+                             "listed hosts or starts instances; keep one")
         return self
 
     @property

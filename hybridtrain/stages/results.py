@@ -60,6 +60,8 @@ class TrainOutput(BaseModel):
     checkpoint_bytes: int = 0
     attempts: list[Any] = Field(default_factory=list, description="Earlier attempts of this run (ledger records).")
     transfers: list[TransferRecord] = Field(default_factory=list, description="Model upload to the control site.")
+    instances: list[str] = Field(default_factory=list,
+                                 description="Cloud instances the job started and terminated (multi-node at a cloud site).")
 
 
 class EvaluateResult(BaseModel):

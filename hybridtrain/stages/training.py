@@ -1,4 +1,4 @@
-"""Training stage: fit at the placed site (inline, or on an SSH host) from its newest checkpoint, and move checkpoints between sites."""
+"""Training stage: fit at the placed site (inline, on SSH hosts, or on cloud instances it starts) from its newest checkpoint, and move checkpoints between sites."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from hybridtrain.datasets.transfer import TransferRecord, egress_cost
 from hybridtrain.errors import Preempted, Problem, SpecError
 from hybridtrain.reporting import progress
 from hybridtrain.specs.job import JobSpec
+from hybridtrain.specs.sites import S3Store, Site, SshHost
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.workspace import Workspace
 
 if TYPE_CHECKING:
+    from hybridtrain.remote.cloud_instances import Ec2Credentials
     from hybridtrain.remote.ssh_site import SshCredentials
 
 from hybridtrain.stages.results import TrainOutput
@@ -40,7 +42,11 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     first SSH host — or, with ``resources.nodes: N``, on N of its hosts together
     (``multinode_training.ssh_train_nodes``) — under torchrun (``remote_training.ssh_train``, job id ``<job>-<run_key>``,
     so a retry re-attaches to a job still running there), its log lines going to ``on_line``;
-    without it, in this process.
+    without it, in this process. A job of N nodes at a cloud site with ``instances:`` first
+    terminates what an earlier attempt of the same job id left running, starts N instances
+    (``remote.cloud_instances.provision``, pinned by the image's host key), trains on them the same
+    way and terminates them whatever happens; their ids go to the MLflow tag ``cloud.instances``
+    and ``TrainOutput.instances``.
 
     Preemption raises ``Preempted`` (step, checkpoint key, site): over SSH when the job stopped
     for a notice (SIGTERM to it) after writing its checkpoint; in this process when
@@ -66,30 +72,33 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
         if on_epoch_end is not None:
             on_epoch_end(epoch, metrics)
 
-    if ssh is None and s.hosts and ws.secrets is not None:
+    cloud_nodes = spec.resources.nodes > 1 and s.instances is not None
+    if ssh is None and (s.hosts or cloud_nodes) and ws.secrets is not None:
         secret = ws.secrets.get(site)
         if secret is not None and secret.has_ssh:
             from hybridtrain.remote.ssh_site import SshCredentials  # lazy: heavy (paramiko)
 
             ssh = SshCredentials(private_key=secret.ssh_private_key, known_hosts=secret.ssh_known_hosts or "")
-    if s.hosts and ssh is None:
+    if (s.hosts or cloud_nodes) and ssh is None:
+        where = "on SSH hosts" if s.hosts else "on the instances it starts"
         raise SpecError("site credentials", [Problem(
-            f"{site}.ssh_private_key", f"site {site} trains on SSH hosts but its block holds no SSH key: "
-            f"run `hybridtrain credentials {site} --ssh-key FILE --known-hosts FILE`")])
-    if spec.resources.nodes > 1 and not s.hosts:
+            f"{site}.ssh_private_key", f"site {site} trains {where} but its block holds no SSH key: "
+            f"run `hybridtrain credentials {site} --ssh-key FILE{' --known-hosts FILE' if s.hosts else ''}`")])
+    if spec.resources.nodes > 1 and not s.hosts and s.instances is None:
         raise SpecError("job spec", [Problem(
-            "resources.nodes", f"site {site} lists no SSH hosts, and a job of {spec.resources.nodes} nodes runs on "
-            f"SSH hosts only: add hosts to sites.{site}.hosts, or set resources.nodes: 1")])
+            "resources.nodes", f"site {site} lists no SSH hosts and starts no instances, and a job of "
+            f"{spec.resources.nodes} nodes runs on several machines: add hosts to sites.{site}.hosts (on-prem), "
+            f"an instances: block to sites.{site} (cloud), or set resources.nodes: 1")])
+    instance_ids: list[str] = []
     if ssh is not None:
         from hybridtrain.remote.remote_training import ssh_train  # lazy: heavy (torch, paramiko)
 
-        if not s.hosts:
+        if not s.hosts and not cloud_nodes:
             raise SpecError("sites catalog", [Problem(f"sites.{site}.hosts", "SSH credentials were given but the "
                                                                               "site lists no hosts to train on")])
         job_id = re.sub(r"[^A-Za-z0-9._-]", "-", f"{spec.name}-{run_key}")[:128]
         from hybridtrain.remote.ssh_site import Timeouts  # lazy: heavy (paramiko)
 
-        host = s.hosts[0]
         streamed: dict[int, set[str]] = {}
 
         def host_line(line: str) -> None:
@@ -104,19 +113,54 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
         from hybridtrain.placement.node_fit import reserve_hosts  # lazy: heavy (paramiko)
         from hybridtrain.remote.multinode_training import ssh_train_nodes  # lazy: heavy (paramiko)
 
-        timeouts = Timeouts(connect=host.connect_timeout_s, command=host.command_timeout_s,
-                            reconnect=host.reconnect_s)
-        if spec.resources.nodes > 1:
+        def timeouts_of(host: SshHost) -> Timeouts:
+            return Timeouts(connect=host.connect_timeout_s, command=host.command_timeout_s, reconnect=host.reconnect_s)
+
+        if cloud_nodes:
+            from hybridtrain.remote import cloud_instances  # lazy: heavy (boto3)
+
+            credentials = ec2_credentials(ws, s)
+            say = on_line or (lambda text: log.info("[%s] %s", job_id, text))
+
+            def record(ids: list[str], outcome: str) -> None:
+                audit(ws).append(actor=ws.actor, action="cloud_instances", subject=f"job {spec.name}",
+                                 inputs={"mlflow_run_id": run_id, "run_key": run_key, "site": site, "job_id": job_id,
+                                         "instance_type": s.instances.instance_type, "instances": ids},
+                                 outcome=outcome)
+
+            # A resumed attempt never pays for the machines of the one before it (killed before its cleanup).
+            left = cloud_instances.terminate_orphans(s, job_id, credentials)
+            if left:
+                say(f"hybridtrain: terminated {', '.join(left)}, left running by an earlier attempt of job {job_id}")
+                record(left, "terminated: left running by an earlier attempt")
+            shown.start(f"starting {spec.resources.nodes} instances at {site}, job {job_id}")
+            fleet = cloud_instances.provision(s, spec.resources.nodes, job_id, credentials)
+            instance_ids = list(fleet.instance_ids)
+            try:
+                with fleet:
+                    registry.set_tags(run_id, {"cloud.instances": ",".join(instance_ids),
+                                               "cloud.instance_type": s.instances.instance_type})
+                    say(f"hybridtrain: instances {', '.join(instance_ids)} are up at "
+                        f"{', '.join(h.hostname for h in fleet.hosts)}")
+                    files = ssh_train_nodes(ws, spec, approved, s, fleet.hosts, ssh.private_key, fleet.known_hosts,
+                                            run_key, job_id, host_line, mlflow_run_id=run_id,
+                                            preemptions_per_hour=preemptions_per_hour,
+                                            timeouts=timeouts_of(fleet.hosts[0]))
+            finally:
+                record(instance_ids, "terminated" if fleet.terminated else
+                       f"NOT terminated: terminate {', '.join(instance_ids)} (tag hybridtrain:job={job_id})")
+        elif spec.resources.nodes > 1:
             hosts = reserve_hosts(s, spec.resources.nodes, spec.resources.gpus, job=spec.name).hosts
             shown.start(f"on {len(hosts)} SSH hosts ({', '.join(h.hostname for h in hosts)}), job {job_id}")
             files = ssh_train_nodes(ws, spec, approved, s, hosts, ssh.private_key, ssh.known_hosts, run_key, job_id,
                                     host_line, mlflow_run_id=run_id, preemptions_per_hour=preemptions_per_hour,
-                                    timeouts=timeouts)
+                                    timeouts=timeouts_of(s.hosts[0]))
         else:
+            host = s.hosts[0]
             shown.start(f"on SSH host {host.hostname}, job {job_id}")
             files = ssh_train(ws, spec, approved, s, host, ssh.private_key, ssh.known_hosts, run_key, job_id,
                               host_line, mlflow_run_id=run_id, preemptions_per_hour=preemptions_per_hour,
-                              timeouts=timeouts)
+                              timeouts=timeouts_of(host))
         result, device = files.train_result(), files.result.device
         for h in result.history:  # what the host's lines did not carry
             epoch = int(h["epoch"])
@@ -181,7 +225,21 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
         samples_per_second=result.samples_per_second,
         gpu_seconds=seconds * max(1, spec.resources.total_gpus) if device.startswith("cuda") else 0.0,
         transfers=transfers,
+        instances=instance_ids,
     )
+
+
+def ec2_credentials(ws: Workspace, site: Site) -> Ec2Credentials | None:
+    """The AWS keys that start ``site``'s instances: its block's, else its S3 store's; None: boto3's own chain."""
+    from hybridtrain.remote.cloud_instances import Ec2Credentials  # lazy: heavy (boto3)
+
+    secret = ws.secrets.get(site.name) if ws.secrets is not None else None
+    if secret is not None and secret.aws_access_key_id and secret.aws_secret_access_key is not None:
+        return Ec2Credentials(secret.aws_access_key_id, secret.aws_secret_access_key)
+    store = site.store
+    if isinstance(store, S3Store) and store.access_key_id and store.secret_access_key is not None:
+        return Ec2Credentials(store.access_key_id, store.secret_access_key)
+    return None
 
 
 def move_checkpoint(ws: Workspace, spec: JobSpec, run_key: str, source: str,

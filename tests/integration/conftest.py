@@ -80,3 +80,12 @@ def s3(s3_server) -> S3Env:
                           config=Config(connect_timeout=2, read_timeout=10, retries={"total_max_attempts": 2}))
     client.create_bucket(Bucket=S3_BUCKET)
     return S3Env(server=s3_server, bucket=S3_BUCKET, client=client)
+
+
+@pytest.fixture
+def ec2(s3_server):
+    """Fresh EC2 state on the session's moto server (it serves every AWS API): a VPC whose subnet's addresses
+    are loopback ones (``tests.fixtures.cloud_fleet``)."""
+    from tests.fixtures.cloud_fleet import ec2_env
+
+    return ec2_env(s3_server)

@@ -16,25 +16,19 @@ import torch
 from hybridtrain.datasets import partitioned
 from hybridtrain.remote.multinode_training import ssh_train_nodes
 from hybridtrain.remote.ssh_site import Timeouts, known_hosts_name
-from hybridtrain.specs.job import CheckpointSpec
 from hybridtrain.specs.sites import CHECKPOINT_SUBDIR
 from hybridtrain.storage import open_store
 from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.trainer import Trainer
 from tests.fixtures.processes import start_sshd, stop_sshd
-from tests.fixtures.ssh_job import SPEC
+from tests.fixtures.ssh_job import MULTI, MULTI_EPOCHS
 
 pytestmark = pytest.mark.slow  # real sshd hosts and torchrun ranks
 
 FAST = Timeouts(connect=3, command=20, reconnect=30)
 WAIT_S = 240.0
-EPOCHS = 30  # 16 global batches an epoch (the last of 80 rows: 40 per rank), checkpoint every 50 steps
-MULTI = SPEC.model_copy(update={
-    "model": SPEC.model.model_copy(update={"epochs": EPOCHS}),
-    "checkpoint": CheckpointSpec(interval_steps=50, keep_last=2, max_overhead=None),
-    "resources": SPEC.resources.model_copy(update={"nodes": 2, "max_hours": 0.2}),
-})
+EPOCHS = MULTI_EPOCHS
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from hybridtrain.placement.node_fit import host_key, node_shortfall, reserve_hos
 from hybridtrain.placement.policy import Policy
 from hybridtrain.placement.request import request_from_spec
 from hybridtrain.specs.job import load_spec, parse_spec
-from hybridtrain.specs.sites import SshHost
+from hybridtrain.specs.sites import CloudInstances, SshHost
 from tests.fixtures.placement_cases import CLOUD_EU, NOW, ONPREM, request, site
 from tests.fixtures.workspaces import ROOT
 
@@ -48,6 +48,18 @@ def test_a_site_needs_n_hosts_with_the_per_node_gpus():
                                         "GPUs); the job needs 3 nodes")
     assert "lists no SSH hosts" in node_shortfall(ONPREM, 2, 1)
     assert node_shortfall(CLOUD_EU, 4, 4) is None  # N instances; the GPU total is checked by the policy
+
+
+def test_a_cloud_site_that_starts_instances_needs_max_instances_and_their_gpus():
+    block = CloudInstances(region="r", image_id="ami-1", instance_type="p4d.24xlarge", gpus_per_instance=8,
+                           username="ubuntu", max_instances=3,
+                           host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHLlzJ1hWXMAHNd1YyA7qXJ0ybsN/c3nkDGKEeDXKCWk")
+    cloud = CLOUD_EU.model_copy(update={"instances": block})
+    assert node_shortfall(cloud, 3, 8) is None
+    assert node_shortfall(cloud, 4, 8) == ("site cloud-eu starts at most 3 instance(s) for one job "
+                                           "(sites.cloud-eu.instances.max_instances); the job needs 4 nodes")
+    assert node_shortfall(cloud, 2, 16) == ("site cloud-eu's instances (p4d.24xlarge) have 8 GPU(s); the job needs "
+                                            "16 per node")
     assert node_shortfall(ONPREM, 1, 1) is None  # one node: what every site could always do
 
 
@@ -76,3 +88,32 @@ def test_placement_rejects_sites_without_n_hosts_and_prices_the_nodes_together(p
     with pytest.raises(NoFeasiblePlacement) as nowhere:
         decide(request(gpus=24, nodes=3, data_site="onprem-dc1", deadline=None), [DC, CLOUD_EU], policy, now=NOW)
     assert "site onprem-dc1 has 20 GPUs; the job needs 24 (3 nodes × 8)" in str(nowhere.value)
+
+
+@pytest.mark.parametrize("instances, words", [
+    (False, ("site cloud-eu lists no SSH hosts and starts no instances, and a job of 2 nodes runs on several "
+            "machines: add hosts to sites.cloud-eu.hosts (on-prem), an instances: block to sites.cloud-eu (cloud)")),
+    (True, ("site cloud-eu trains on the instances it starts but its block holds no SSH key: run "
+           "`hybridtrain credentials cloud-eu --ssh-key FILE`")),
+])
+def test_the_train_stage_says_what_a_multi_node_job_at_a_cloud_site_lacks(tmp_path, instances, words):
+    import yaml
+
+    from hybridtrain.datasets.dvc_repo import DatasetVersion
+    from hybridtrain.stages.training import train
+    from hybridtrain.workspace import Workspace
+
+    catalog = yaml.safe_load((ROOT / "deployments" / "sites.yaml").read_text())
+    if instances:
+        catalog["sites"][1]["instances"] = {
+            "region": "eu-west-1", "image_id": "ami-1", "instance_type": "p4d.24xlarge", "username": "ubuntu",
+            "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHLlzJ1hWXMAHNd1YyA7qXJ0ybsN/c3nkDGKEeDXKCWk"}
+    (tmp_path / "deployments").mkdir()
+    (tmp_path / "deployments" / "sites.yaml").write_text(yaml.safe_dump(catalog))
+    data = load_spec(ROOT / "jobs" / "churn.yaml").to_dict()
+    data["resources"].update(nodes=2)
+    approved = DatasetVersion(path="data/approved/churn", md5="0" * 32 + ".dir", size=1, tier="approved",
+                              site="cloud-eu")
+    with pytest.raises(SpecError) as err:
+        train(Workspace.resolve(tmp_path), parse_spec(data), approved, "cloud-eu", "run", "key")
+    assert words in str(err.value)

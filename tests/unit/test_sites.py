@@ -58,3 +58,46 @@ def test_invalid_catalogs_name_the_field(tmp_path, mutate, path, words):
     with pytest.raises(SpecError) as exc:
         SitesCatalog.load(f)
     assert any(p.path == path and words in p.message for p in exc.value.problems), exc.value.problems
+
+
+HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHLlzJ1hWXMAHNd1YyA7qXJ0ybsN/c3nkDGKEeDXKCWk"
+INSTANCES = {"region": "eu-west-1", "image_id": "ami-0abc", "instance_type": "p4d.24xlarge", "gpus_per_instance": 8,
+             "username": "ubuntu", "host_key": HOST_KEY}
+
+
+def test_a_cloud_site_declares_how_it_starts_instances(tmp_path):
+    data = catalog_data()
+    data["sites"][1]["instances"] = dict(INSTANCES, workdir="/scratch/{instance_id}")
+    f = tmp_path / "sites.yaml"
+    f.write_text(yaml.safe_dump(data))
+    block = SitesCatalog.load(f).get("cloud-eu").instances
+    assert (block.provider, block.port, block.max_instances, block.host_key) == ("ec2", 22, 8, HOST_KEY)
+
+
+@pytest.mark.parametrize(
+    "mutate, path, words",
+    [
+        (lambda d: d["sites"][0].update(instances=INSTANCES), "sites[0]",
+         "sites.onprem-dc1.instances applies to kind: cloud sites only"),
+        (lambda d: d["sites"][1].update(instances=dict(INSTANCES, host_key="AAAAC3Nza")), "sites[1].instances.host_key",
+         "not an SSH public key: give the image's host public key as one line 'ssh-ed25519 AAAA...'"),
+        (lambda d: d["sites"][1].update(instances=dict(INSTANCES, host_key="ssh-rsa " + HOST_KEY.split()[1])),
+         "sites[1].instances.host_key", "type does not match"),
+        (lambda d: d["sites"][1].update(instances=dict(INSTANCES, max_instances=0)), "sites[1].instances.max_instances",
+         "greater than or equal to 1"),
+        (lambda d: d["sites"][1].update(instances=dict(INSTANCES, provider="gce")), "sites[1].instances.provider",
+         "'ec2'"),
+        (lambda d: d["sites"][1].update(instances=dict(INSTANCES, workdir="/w/{job}")), "sites[1].instances.workdir",
+         "{instance_id}"),
+        (lambda d: d["sites"][1].update(instances=INSTANCES, hosts=[{"hostname": "h", "username": "u"}]), "sites[1]",
+         "gives both hosts and instances"),
+    ],
+)
+def test_a_bad_instances_block_names_the_field_and_the_fix(tmp_path, mutate, path, words):
+    data = catalog_data()
+    mutate(data)
+    f = tmp_path / "sites.yaml"
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as exc:
+        SitesCatalog.load(f)
+    assert any(p.path == path and words in p.message for p in exc.value.problems), exc.value.problems
