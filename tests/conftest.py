@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -34,14 +35,58 @@ def prefect_server(tmp_path_factory) -> Iterator[str]:
     os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "hybridtrain")
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
     # As Prefect's own test suite does: no flow-run heartbeats in tests (one thread and one event per
     # flow run that nothing here reads). tests/flows/test_prefect_compat.py turns them on to test them.
-    with prefect_test_harness(server_startup_timeout=180), temporary_settings(
-            updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    with _test_server(), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield PREFECT_API_URL.value()
         _drain_prefect_services(timeout=60)
+
+
+@contextmanager
+def _test_server() -> Iterator[None]:
+    """The session's Prefect server: on PostgreSQL, as the served stack runs it, when the server binaries are here.
+
+    Prefect's own harness keeps its database in SQLite, whose writers wait on each other with a 60-s
+    busy timeout: with a few workers and warm pools writing at once, API calls stalled for 60 s
+    (`tests/federated/test_federated_pools.py` met one to four such stalls a run). Without PostgreSQL
+    (a machine that never ran `scripts/setup-system.sh`), Prefect's SQLite harness.
+    """
+    from prefect.testing.utilities import prefect_test_harness
+
+    from tests.fixtures.postgres import pg_tool, postgres_cluster
+
+    if pg_tool("initdb") is None or os.environ.get("HYBRIDTRAIN_TEST_PREFECT_DB") == "sqlite":
+        with prefect_test_harness(server_startup_timeout=180):
+            yield
+        return
+    import prefect.context
+    import prefect.settings
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.server.database.dependencies import temporary_database_interface
+    from prefect.testing.utilities import _find_available_port
+
+    # As prefect.testing.utilities.prefect_test_harness does, with the database URL the only change.
+    with postgres_cluster() as url, ExitStack() as stack:
+        stack.enter_context(temporary_database_interface())
+        stack.enter_context(prefect.settings.temporary_settings(updates={
+            prefect.settings.PREFECT_SERVER_DATABASE_CONNECTION_URL: url.replace("postgresql://",
+                                                                                 "postgresql+asyncpg://")}))
+        server = SubprocessASGIServer(port=_find_available_port())
+        prior = SubprocessASGIServer._instances.get(None)
+        SubprocessASGIServer._instances[None] = server
+        server.start(timeout=180)
+        try:
+            stack.enter_context(prefect.settings.temporary_settings(
+                updates={prefect.settings.PREFECT_API_URL: server.api_url}))
+            stack.enter_context(prefect.context._temporary_global_settings_context(
+                prefect.context.get_settings_context()))
+            yield
+        finally:
+            server.stop()
+            if prior is not None:
+                SubprocessASGIServer._instances[None] = prior
+            else:
+                SubprocessASGIServer._instances.pop(None, None)
 
 
 def _drain_prefect_services(timeout: float) -> None:

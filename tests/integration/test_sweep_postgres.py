@@ -7,71 +7,21 @@ median pruner stops a trial that is behind; a wrong URL is one clear error namin
 
 from __future__ import annotations
 
-import os
-import pwd
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from hybridtrain.errors import SpecError
 from hybridtrain.specs.sweep import SweepSpec
+from tests.fixtures.postgres import free_port, postgres_cluster
 
 pytestmark = pytest.mark.slow
-PG_BIN = Path("/usr/lib/postgresql")
-
-
-def pg_tool(name: str) -> str:
-    found = shutil.which(name) or next((str(p) for p in sorted(PG_BIN.glob(f"*/bin/{name}"))), None)
-    if found is None:
-        raise RuntimeError(f"{name} not found: install Debian's postgresql (`.ci/run` does)")
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[str]:
-    """A throwaway PostgreSQL cluster on a free loopback port (run as the postgres user when we are root)."""
-    user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
-    base = Path(tempfile.mkdtemp(prefix="hybridtrain-pg-"))
-    if user is not None:
-        os.chown(base, user.pw_uid, user.pw_gid)
-    as_user = {"user": user.pw_uid, "group": user.pw_gid} if user else {}
-    subprocess.run([pg_tool("initdb"), "-D", str(base / "data"), "-A", "trust", "-U", "hybridtrain", "--no-sync"],
-                   check=True, capture_output=True, timeout=120, **as_user)
-    port = free_port()
-    proc = subprocess.Popen([pg_tool("postgres"), "-D", str(base / "data"), "-p", str(port), "-h", "127.0.0.1",
-                             "-k", str(base), "-F"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **as_user)
-    url = f"postgresql://hybridtrain:unused@127.0.0.1:{port}/postgres"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"postgres did not start (exit {proc.poll()})")
-            time.sleep(0.1)
+    with postgres_cluster() as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGINT)  # fast shutdown: the study's pooled connections need not close first
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_study_on_postgresql_from_the_setting_with_pruning(postgres, tmp_path, monkeypatch):
