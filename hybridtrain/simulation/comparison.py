@@ -195,6 +195,7 @@ class Tuning:
     reference_misses: int
     grid: list[dict] = field(default_factory=list)
     miss_above_usd: float | None = None  # what a deadline is worth (None: as the policy file says)
+    reference_window_misses: list[int] = field(default_factory=list)  # the reference's misses per window
 
 
 #: (quantile a run is planned with, quantile the runs behind it assume; None: the same)
@@ -204,6 +205,80 @@ MISS_VALUES = (20.0, 10.0, 5.0, 3.0)
 #: a setting with a deadline value must miss at most this share of the reference's misses on the
 #: tuning part (trading misses for money needs a margin: the report part is other jobs)
 MISS_MARGIN = 0.85
+#: the tuning part is cut into this many windows (equal job counts, by arrival) to read how much a
+#: cost difference between two settings varies from one stretch of jobs to the next
+COST_WINDOWS = 4
+
+
+def window_costs(outcomes: Sequence[Outcome], cuts: Sequence[float]) -> tuple[list[float], list[int]]:
+    """Total cost of the placed jobs and deadline misses of the jobs arriving in each window (``cuts``:
+    the windows' start times after the first)."""
+    usd, misses = [0.0] * (len(cuts) + 1), [0] * (len(cuts) + 1)
+    for o in outcomes:
+        w = int(np.searchsorted(cuts, o.job.arrival, side="right"))
+        if not o.unplaceable:
+            usd[w] += o.cost_usd
+        misses[w] += int(o.missed)
+    return usd, misses
+
+
+def window_cuts(jobs: Sequence[SimJob], windows: int = COST_WINDOWS) -> list[float]:
+    """Arrival times splitting ``jobs`` into ``windows`` windows of equal job counts."""
+    arrivals = sorted(j.arrival for j in jobs)
+    return [arrivals[len(arrivals) * k // windows] for k in range(1, windows)] if arrivals else []
+
+
+def se_of_sum(d: Sequence[float]) -> float:
+    """Standard error of a total read as the sum of K window values: √K × their standard deviation (0 for K < 2)."""
+    return float(math.sqrt(len(d)) * np.std(d, ddof=1)) if len(d) > 1 else 0.0
+
+
+def cost_se(a: dict, b: dict) -> float:
+    """Standard error of the total cost difference between two tried settings, from their per-window
+    costs (``window_usd``); 0 without windows."""
+    return se_of_sum(np.subtract(a.get("window_usd") or [], b.get("window_usd") or []))
+
+
+def allowed_share(g: dict) -> float:
+    """The share of the reference's misses a tried setting may miss: all of them, or ``MISS_MARGIN``
+    of them with a deadline value."""
+    return 1.0 if g["miss_above_usd"] is None else MISS_MARGIN
+
+
+def clear_of_the_line(g: dict, reference_window_misses: Sequence[int]) -> bool:
+    """Whether a tried setting stays under its misses line by more than the line's own noise: the
+    per-window misses above the allowed share of the reference's, summed, plus their standard error,
+    is ≤ 0. Without per-window misses, only the total counts."""
+    wm = g.get("window_misses")
+    if not wm or len(wm) != len(reference_window_misses):
+        return g["misses"] <= allowed_share(g) * sum(reference_window_misses)
+    d = np.subtract(wm, allowed_share(g) * np.asarray(reference_window_misses, dtype=float))
+    return float(d.sum()) + se_of_sum(d) <= 0.0
+
+
+def pick(tried: Sequence[dict], reference_misses: int, reference_window_misses: Sequence[int] = ()) -> dict:
+    """The setting the tuning keeps.
+
+    Allowed: those missing no more deadlines than the reference (a setting with a deadline value:
+    at most ``MISS_MARGIN`` × them). Among those, the ones within one standard error (``cost_se``)
+    of the cheapest cost the same — a cost difference smaller than its window-to-window noise does
+    not tell two settings apart on other jobs (the one-standard-error rule of model selection:
+    Breiman et al. 1984; Hastie, Tibshirani and Friedman, *Elements of Statistical Learning*
+    §7.10). Of those, the cheapest that stays under its misses line by more than the line's own
+    noise (``clear_of_the_line``, per window against ``reference_window_misses``); if none does,
+    the one with the fewest misses — misses ≤ the reference is a goal line, cost a ratio with room.
+    If no setting misses as few deadlines as the reference, the one that misses fewest.
+    """
+    ok = [g for g in tried if g["misses"] <= allowed_share(g) * reference_misses]
+    if not ok:
+        return min(tried, key=lambda g: (g["misses"], g["total_usd"]))
+    cheapest = min(ok, key=lambda g: g["total_usd"])
+    near = sorted((g for g in ok if g["total_usd"] - cheapest["total_usd"] <= cost_se(g, cheapest)),
+                  key=lambda g: g["total_usd"])
+    if not reference_window_misses:
+        return near[0]
+    clear = [g for g in near if clear_of_the_line(g, reference_window_misses)]
+    return clear[0] if clear else min(near, key=lambda g: (g["misses"], g["total_usd"]))
 
 
 def tune(scenario: Scenario, jobs: Sequence[SimJob], grid: Sequence[tuple[float, float | None]] = GRID,
@@ -214,16 +289,22 @@ def tune(scenario: Scenario, jobs: Sequence[SimJob], grid: Sequence[tuple[float,
     plans a run with, and the (lower) quantile the runs queued behind it assume for it, with the
     policy file's deadline value; then, with the two cheapest of those, each of ``miss_values`` as
     what a deadline is worth (``OnPremFirst.miss_above_usd``) — kept only if it misses at most
-    ``MISS_MARGIN`` × the reference's misses. If no setting misses as few deadlines as the
-    reference, the one that misses fewest.
+    ``MISS_MARGIN`` × the reference's misses. Settings within one standard error of the cheapest
+    (over ``COST_WINDOWS`` windows of the tuning part) count as costing the same: the cheapest of
+    them clear of its misses line by more than its noise wins, else the one missing fewest
+    (``pick``). If no setting misses as few deadlines as the reference, the one that misses fewest.
     """
-    ref = replay(scenario, contenders(threshold_limits=(0,))[2], jobs)
+    cuts = window_cuts(jobs)
+    ref, ref_outcomes = replay_outcomes(scenario, contenders(threshold_limits=(0,))[2], jobs)
+    ref_window_misses = window_costs(ref_outcomes, cuts)[1]
     tried = []
 
     def trial(q: float, qq: float | None, value: float | None) -> dict:
-        m = replay(scenario, our_policy(quantile=q, queue_quantile=qq, miss_above_usd=value), jobs)
+        m, outcomes = replay_outcomes(scenario, our_policy(quantile=q, queue_quantile=qq, miss_above_usd=value), jobs)
+        usd, misses = window_costs(outcomes, cuts)
         g = {"quantile": q, "queue_quantile": qq, "miss_above_usd": value, "total_usd": round(m.total_usd, 2),
-             "cloud_usd": round(m.cloud_usd, 2), "misses": int(m.misses)}
+             "cloud_usd": round(m.cloud_usd, 2), "misses": int(m.misses),
+             "window_usd": [round(u, 2) for u in usd], "window_misses": misses}
         tried.append(g)
         return g
 
@@ -232,10 +313,9 @@ def tune(scenario: Scenario, jobs: Sequence[SimJob], grid: Sequence[tuple[float,
     for g in sorted(ok, key=lambda g: g["total_usd"])[:2]:
         for v in miss_values:
             trial(g["quantile"], g["queue_quantile"], v)
-    ok = [g for g in tried if g["misses"] <= (ref.misses if g["miss_above_usd"] is None else MISS_MARGIN * ref.misses)]
-    ok = ok or [min(tried, key=lambda g: g["misses"])]
-    best = min(ok, key=lambda g: g["total_usd"])
-    return Tuning(best["quantile"], best["queue_quantile"], int(ref.misses), tried, best["miss_above_usd"])
+    best = pick(tried, int(ref.misses), ref_window_misses)
+    return Tuning(best["quantile"], best["queue_quantile"], int(ref.misses), tried, best["miss_above_usd"],
+                  ref_window_misses)
 
 
 @dataclass
