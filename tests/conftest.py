@@ -25,6 +25,40 @@ os.environ.setdefault("GIT_COMMITTER_NAME", "hybridtrain-tests")
 os.environ.setdefault("GIT_COMMITTER_EMAIL", "tests@hybridtrain.invalid")
 
 
+# The files that take minutes, longest first (seconds of a clean-clone `make test`, 2 workers). With
+# `--no-loadscope-reorder` (the Makefile's) xdist hands files to workers in collection order: starting
+# these first keeps the run from ending with one worker alone on a long file while the other idles.
+LONGEST_FIRST = (
+    "tests/service/test_served_stack.py",  # 600
+    "tests/integration/test_recovery.py",  # 465
+    "tests/federated/test_federated_pools.py",  # 445
+    "tests/integration/test_pools.py",  # 415
+    "tests/integration/test_fresh_clone.py",  # 405
+    "tests/service/test_sites_on_separate_hosts.py",  # 205
+    "tests/integration/test_faults.py",  # 185
+    "tests/integration/test_cloud_multinode.py",  # 170
+    "tests/integration/test_drill.py",  # 170
+    "tests/integration/test_federated_ssh.py",  # 160
+    "tests/ui/test_browser.py",  # 155
+    "tests/flows/test_placement_and_burst.py",  # 145
+    "tests/flows/test_demo.py",  # 145
+    "tests/integration/test_ssh_site.py",  # 135
+    "tests/integration/test_multinode.py",  # 135
+    "tests/flows/test_lifecycle.py",  # 125
+    "tests/integration/test_warm_launcher.py",  # 110
+    "tests/integration/test_sweep_pools.py",  # 100
+    "tests/flows/test_bootstrap.py",  # 95
+    "tests/integration/test_serving_worker.py",  # 85
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest files first (``LONGEST_FIRST``), every other file after them in its usual order; the
+    tests inside a file keep theirs (module fixtures count on it)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     return make_workspace(tmp_path / "ws")

@@ -35,3 +35,22 @@ def test_helpers_are_shared_through_fixtures_only(tmp_path):
     offenders = {str(p.relative_to(TESTS)): mods for p in sorted(TESTS.rglob("*.py"))
                  if (mods := misplaced_imports(p))}
     assert offenders == {}, "move the shared helpers into tests/fixtures/: " + repr(offenders)
+
+
+def test_the_longest_first_list_names_test_files_that_exist_and_puts_them_first():
+    from tests.conftest import LONGEST_FIRST, pytest_collection_modifyitems
+
+    missing = [p for p in LONGEST_FIRST if not (TESTS.parent / p).is_file()]
+    assert missing == [], "a renamed or removed test file is still in tests/conftest.py LONGEST_FIRST"
+
+    class Item:
+        def __init__(self, nodeid: str) -> None:
+            self.nodeid = nodeid
+
+    items = [Item("tests/unit/test_a.py::test_1"), Item(f"{LONGEST_FIRST[1]}::test_x"),
+             Item("tests/unit/test_a.py::test_2"), Item(f"{LONGEST_FIRST[0]}::test_y"),
+             Item(f"{LONGEST_FIRST[1]}::test_z")]
+    pytest_collection_modifyitems(None, items)
+    assert [i.nodeid for i in items] == [f"{LONGEST_FIRST[0]}::test_y", f"{LONGEST_FIRST[1]}::test_x",
+                                         f"{LONGEST_FIRST[1]}::test_z", "tests/unit/test_a.py::test_1",
+                                         "tests/unit/test_a.py::test_2"]
