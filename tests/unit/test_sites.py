@@ -40,6 +40,17 @@ def test_unknown_site_lists_known_ones():
     assert "known sites: onprem-dc1, cloud-eu" in str(exc.value)
 
 
+def assert_refused(tmp_path, mutate, path: str, words: str) -> None:
+    """The catalog after ``mutate`` is refused with a problem at ``path`` whose message holds ``words``."""
+    data = catalog_data()
+    mutate(data)
+    f = tmp_path / "sites.yaml"
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as exc:
+        SitesCatalog.load(f)
+    assert any(p.path == path and words in p.message for p in exc.value.problems), exc.value.problems
+
+
 @pytest.mark.parametrize(
     "mutate, path, words",
     [
@@ -51,13 +62,7 @@ def test_unknown_site_lists_known_ones():
     ],
 )
 def test_invalid_catalogs_name_the_field(tmp_path, mutate, path, words):
-    data = catalog_data()
-    mutate(data)
-    f = tmp_path / "sites.yaml"
-    f.write_text(yaml.safe_dump(data))
-    with pytest.raises(SpecError) as exc:
-        SitesCatalog.load(f)
-    assert any(p.path == path and words in p.message for p in exc.value.problems), exc.value.problems
+    assert_refused(tmp_path, mutate, path, words)
 
 
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHLlzJ1hWXMAHNd1YyA7qXJ0ybsN/c3nkDGKEeDXKCWk"
@@ -94,10 +99,4 @@ def test_a_cloud_site_declares_how_it_starts_instances(tmp_path):
     ],
 )
 def test_a_bad_instances_block_names_the_field_and_the_fix(tmp_path, mutate, path, words):
-    data = catalog_data()
-    mutate(data)
-    f = tmp_path / "sites.yaml"
-    f.write_text(yaml.safe_dump(data))
-    with pytest.raises(SpecError) as exc:
-        SitesCatalog.load(f)
-    assert any(p.path == path and words in p.message for p in exc.value.problems), exc.value.problems
+    assert_refused(tmp_path, mutate, path, words)
