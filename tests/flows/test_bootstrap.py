@@ -11,6 +11,26 @@ from tests.fixtures.workspaces import ROOT, make_workspace
 pytestmark = pytest.mark.slow
 
 
+def forget_pools_and_site_blocks(ws: Workspace) -> None:
+    """Start from a server that has never been bootstrapped: the session's Prefect server is shared by the
+    test files of one worker, and others bootstrap it (with credentials) before this file may run."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    from blocks.site import SiteBlock
+    from deployments.bootstrap import CONTROL_POOL
+
+    catalog = SitesCatalog.load(ws.sites_file)
+    with get_client(sync_client=True) as client:
+        for pool in [*catalog.pools, CONTROL_POOL]:
+            try:
+                client.delete_work_pool(pool)
+            except ObjectNotFound:
+                pass
+        for doc in client.read_block_documents_by_type(SiteBlock.get_block_type_slug()):
+            client.delete_block_document(doc.id)
+
+
 @pytest.fixture(scope="module")
 def boot(prefect_server, tmp_path_factory):
     from deployments.bootstrap import bootstrap
@@ -20,6 +40,7 @@ def boot(prefect_server, tmp_path_factory):
         # prefect deploy loads the entrypoint from the workspace, as a worker would.
         (root / pkg).symlink_to(ROOT / pkg, target_is_directory=True)
     ws = Workspace.resolve(root)
+    forget_pools_and_site_blocks(ws)
     first = bootstrap(ws)
     second = bootstrap(ws)
     return ws, first, second
