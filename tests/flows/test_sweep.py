@@ -12,6 +12,7 @@ two slots here, trials 2 and 3 ran together in CI and 3 finished before the prun
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 
@@ -58,6 +59,7 @@ def test_sweep_runs_trials_as_subflows_prunes_survives_a_failure_and_promotes_th
     for params in ENQUEUED:
         study.enqueue_trial(params)
 
+    started = datetime.now(UTC)  # other test files on this worker may have run sweeps on the same server
     summary = sweep(spec_path=str(spec), workspace=str(root), dispatch="inline")
 
     states = {r.trial: r.state for r in summary.trials}
@@ -79,7 +81,7 @@ def test_sweep_runs_trials_as_subflows_prunes_survives_a_failure_and_promotes_th
 
     # One parent flow run, a subflow run per trial attempt under it, and the table artifact.
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs()
+        runs = [r for r in client.read_flow_runs() if r.created and r.created >= started]
         flows = {f.id: f.name for f in client.read_flows()}
         parent = next(r for r in runs if flows[r.flow_id] == "hyperparameter-sweep")
         trials = [r for r in runs if flows[r.flow_id] == "sweep-trial"]
