@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.prefect_api import drain_prefect_services
 from tests.fixtures.workspaces import make_workspace
 
 # Shared fixtures, one plugin per concept (tests/fixtures/); test modules never import each other.
@@ -73,7 +74,7 @@ def prefect_server(tmp_path_factory) -> Iterator[str]:
     # flow run that nothing here reads). tests/flows/test_prefect_compat.py turns them on to test them.
     with _test_server(), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield PREFECT_API_URL.value()
-        _drain_prefect_services(timeout=60)
+        drain_prefect_services(timeout=60)  # before the harness's own drain, which has no limit
 
 
 @contextmanager
@@ -121,28 +122,6 @@ def _test_server() -> Iterator[None]:
                 SubprocessASGIServer._instances[None] = prior
             else:
                 SubprocessASGIServer._instances.pop(None, None)
-
-
-def _drain_prefect_services(timeout: float) -> None:
-    """Drain Prefect's log and event services with a time limit before the harness stops its server.
-
-    The harness drains them itself, with no limit: one CI run waited there until pytest-timeout
-    (900 s) when an events-worker instance's drain never completed. Drained here with a limit,
-    whatever has not finished is dropped from the services' registry, so the harness drains only
-    fresh, empty instances. (A session's last logs and events only; no test reads them after this.)
-    """
-    import warnings
-
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    for service in (APILogWorker, EventsWorker):
-        _done, pending = service.drain_all(timeout=timeout)
-        if pending:
-            warnings.warn(f"{service.__name__}: {len(pending)} instance(s) not drained in {timeout:.0f} s; "
-                          "dropped before the test server stops", stacklevel=1)
-            with service._instance_lock, service._instance_cache_lock:
-                service._instances.clear()
 
 
 @pytest.fixture(scope="session")

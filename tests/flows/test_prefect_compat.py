@@ -187,3 +187,29 @@ def test_a_real_flow_run_sends_its_heartbeat_to_the_server(prefect_server):
 
     events = wait_for(heartbeats, 60, f"the heartbeat event of flow run {run_id} on the server")
     assert events[0].resource.id == f"prefect.flow-run.{run_id}"
+
+
+def test_events_reach_the_session_server_after_a_test_pointed_this_process_elsewhere(prefect_server):
+    """The suite's own guard (tests/fixtures/prefect_api.py): an events worker started while a test pointed at
+    another server (here one that is down) must not keep the rest of the session's events."""
+    import uuid
+    import warnings
+
+    from prefect.client.orchestration import get_client
+    from prefect.events import emit_event
+    from prefect.events.filters import EventFilter, EventResourceFilter
+
+    from tests.fixtures.prefect_api import drain_prefect_services, prefect_api_at
+
+    drain_prefect_services(timeout=30)  # as at the start of a session: the next event starts the events worker
+    with warnings.catch_warnings(), prefect_api_at("http://127.0.0.1:9/api", drain_timeout_s=2):
+        warnings.simplefilter("ignore")  # the dead server's worker may not drain in 2 s: dropped, as intended
+        assert emit_event("hybridtrain.test.elsewhere", resource={"prefect.resource.id": "hybridtrain.test.gone"})
+    here = f"hybridtrain.test.{uuid.uuid4()}"
+    assert emit_event("hybridtrain.test.home", resource={"prefect.resource.id": here})
+
+    def arrived():
+        with get_client(sync_client=True) as client:
+            return client.read_events(filter=EventFilter(resource=EventResourceFilter(id=[here])), limit=1).events
+
+    wait_for(arrived, 60, "the event emitted after leaving the other server to reach the session's server")

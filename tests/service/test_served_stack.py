@@ -21,6 +21,7 @@ import pytest
 
 from hybridtrain.drill.timeline import wait_until
 from hybridtrain.service.stack import Stack
+from tests.fixtures.prefect_api import prefect_api_at
 from tests.fixtures.workspaces import ROOT
 from tests.service.conftest import FAST_SCHEDULER, hybridtrain_cli
 
@@ -36,9 +37,7 @@ def client_env(served):
     old = {k: os.environ.get(k) for k in (*env, "PREFECT_HOME")}
     os.environ.pop("PREFECT_HOME", None)
     os.environ.update(env)
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings(updates={PREFECT_API_URL: stack.prefect_api}):
+    with prefect_api_at(stack.prefect_api):
         yield stack
     for k, v in old.items():
         if v is None:

@@ -28,6 +28,7 @@ import yaml
 from hybridtrain.drill.processes import stop_with_children
 from hybridtrain.drill.timeline import wait_until
 from hybridtrain.service.stack import Stack
+from tests.fixtures.prefect_api import prefect_api_at
 from tests.fixtures.workspaces import ROOT, spec_writer
 from tests.service.conftest import stack_cli
 
@@ -105,7 +106,6 @@ def test_a_lifecycle_runs_across_sites_that_share_no_checkout(control_plane):
         LogFilterFlowRunId,
     )
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from orchestration.dispatch import workers_online
 
@@ -134,7 +134,7 @@ def test_a_lifecycle_runs_across_sites_that_share_no_checkout(control_plane):
         spec_writer(onprem)("sites-e2e", model__epochs=2)
         deployed = finished(deploy, logs["deploy"])
         assert f"pool cloud: workers clone commit {sha}" in deployed, deployed
-        with temporary_settings(updates={PREFECT_API_URL: stack.prefect_api}):
+        with prefect_api_at(stack.prefect_api):
             with get_client(sync_client=True) as client:  # their schedules are test_served_stack's; here they
                 for name in ("burst-controller/control", "recover-runs/control"):  # would only add cold runs
                     client.pause_deployment(client.read_deployment_by_name(name).id)
@@ -159,7 +159,7 @@ def test_a_lifecycle_runs_across_sites_that_share_no_checkout(control_plane):
 
     # Each stage's worker fetched the deployed commit with the pull step and ran the flow from that clone.
     def pulled(run_id) -> bool:
-        with temporary_settings(updates={PREFECT_API_URL: stack.prefect_api}), get_client(sync_client=True) as client:
+        with prefect_api_at(stack.prefect_api), get_client(sync_client=True) as client:
             logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), limit=200)
         return any("git_clone" in log.message for log in logs)
 
