@@ -7,8 +7,9 @@ functions of explicit inputs, like the rest of placement:
 - ``node_shortfall(site, N, G)`` — the static check the policy applies to every candidate: an
   on-prem site needs N SSH hosts (``sites.yaml`` ``hosts:``) with at least G GPUs each; an
   on-prem site without SSH hosts runs jobs in a local process and has one node; a cloud site
-  starts N instances, so it needs ``gpu_count >= N × G`` (checked with the other GPU limits) and,
-  when it declares ``instances:``, ``max_instances >= N`` and ``gpus_per_instance >= G``.
+  starts N instances when it declares ``instances:``, so it needs ``max_instances >= N``,
+  ``gpus_per_instance >= G`` and ``gpu_count >= N × G`` (checked with the other GPU limits); a cloud
+  site with neither ``hosts:`` nor ``instances:`` trains in its worker's process and has one node.
 - ``reserve_hosts(site, N, G, busy)`` — at run time: the first N eligible hosts that are not
   ``busy`` (hosts running another job, as the caller knows them), in catalog order. The first
   one hosts the rendezvous. Too few free hosts raises ``NoFeasiblePlacement`` with the numbers.
@@ -70,7 +71,9 @@ def node_shortfall(site: Site, nodes: int, gpus_per_node: int) -> str | None:
     if site.kind is SiteKind.cloud:
         fleet = site.instances
         if fleet is None:
-            return None  # N instances; their GPUs are checked against gpu_count with the other limits
+            return (f"site {site.name} lists no SSH hosts and starts no instances (it trains in the worker's "
+                    f"process: 1 node); the job needs {nodes} nodes — add an instances: block to "
+                    f"sites.{site.name} or set resources.nodes: 1")
         if fleet.max_instances < nodes:
             return (f"site {site.name} starts at most {fleet.max_instances} instance(s) for one job "
                     f"(sites.{site.name}.instances.max_instances); the job needs {nodes} nodes")

@@ -21,6 +21,10 @@ def ssh(name: str, gpus: int) -> SshHost:
 
 GPU1, GPU2, GPU3 = ssh("gpu1", 8), ssh("gpu2", 8), ssh("gpu3", 4)
 DC = site("onprem-dc1", kind="onprem", gpus=20).model_copy(update={"hosts": (GPU1, GPU2, GPU3)})
+FLEET = CloudInstances(region="r", image_id="ami-1", instance_type="p4d.24xlarge", gpus_per_instance=8,
+                       username="ubuntu", max_instances=3,
+                       host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHLlzJ1hWXMAHNd1YyA7qXJ0ybsN/c3nkDGKEeDXKCWk")
+CLOUD_NODES = CLOUD_EU.model_copy(update={"instances": FLEET})  # cloud-eu as it starts instances
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +51,14 @@ def test_a_site_needs_n_hosts_with_the_per_node_gpus():
     assert node_shortfall(DC, 3, 8) == ("site onprem-dc1 has 2 SSH host(s) with >= 8 GPUs (1 more with fewer "
                                         "GPUs); the job needs 3 nodes")
     assert "lists no SSH hosts" in node_shortfall(ONPREM, 2, 1)
-    assert node_shortfall(CLOUD_EU, 4, 4) is None  # N instances; the GPU total is checked by the policy
+    assert node_shortfall(CLOUD_EU, 2, 4) == (
+        "site cloud-eu lists no SSH hosts and starts no instances (it trains in the worker's process: 1 node); the "
+        "job needs 2 nodes — add an instances: block to sites.cloud-eu or set resources.nodes: 1")
+    assert node_shortfall(CLOUD_EU, 1, 4) is None
 
 
 def test_a_cloud_site_that_starts_instances_needs_max_instances_and_their_gpus():
-    block = CloudInstances(region="r", image_id="ami-1", instance_type="p4d.24xlarge", gpus_per_instance=8,
-                           username="ubuntu", max_instances=3,
-                           host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHLlzJ1hWXMAHNd1YyA7qXJ0ybsN/c3nkDGKEeDXKCWk")
-    cloud = CLOUD_EU.model_copy(update={"instances": block})
+    cloud = CLOUD_NODES
     assert node_shortfall(cloud, 3, 8) is None
     assert node_shortfall(cloud, 4, 8) == ("site cloud-eu starts at most 3 instance(s) for one job "
                                            "(sites.cloud-eu.instances.max_instances); the job needs 4 nodes")
@@ -73,21 +77,25 @@ def test_reserve_hosts_takes_free_hosts_in_catalog_order_and_says_why_not():
 
 
 def test_placement_rejects_sites_without_n_hosts_and_prices_the_nodes_together(policy):
-    one = decide(request(gpus=4, data_site="onprem-dc1", deadline=None), [ONPREM, CLOUD_EU], policy, now=NOW)
-    two = decide(request(gpus=8, nodes=2, data_site="onprem-dc1", deadline=None), [ONPREM, CLOUD_EU], policy,
+    one = decide(request(gpus=4, data_site="onprem-dc1", deadline=None), [ONPREM, CLOUD_NODES], policy, now=NOW)
+    two = decide(request(gpus=8, nodes=2, data_site="onprem-dc1", deadline=None), [ONPREM, CLOUD_NODES], policy,
                  now=NOW)
     assert one.site == "onprem-dc1"
     assert two.site == "cloud-eu"
     rejected = {c.site: (c.rule, c.reason) for c in two.candidates if not c.allowed}
     assert rejected["onprem-dc1"] == ("spec resources.nodes", node_shortfall(ONPREM, 2, 4))
-    one_cloud = decide(request(gpus=4, data_site="onprem-dc1", deadline=None), [CLOUD_EU], policy, now=NOW)
+    one_cloud = decide(request(gpus=4, data_site="onprem-dc1", deadline=None), [CLOUD_NODES], policy, now=NOW)
     assert two.estimate.compute_usd == pytest.approx(2 * one_cloud.estimate.compute_usd)
-    with_hosts = decide(request(gpus=16, nodes=2, data_site="onprem-dc1", deadline=None), [DC, CLOUD_EU], policy,
+    with_hosts = decide(request(gpus=16, nodes=2, data_site="onprem-dc1", deadline=None), [DC, CLOUD_NODES], policy,
                         now=NOW)
     assert with_hosts.site == "onprem-dc1"
     with pytest.raises(NoFeasiblePlacement) as nowhere:
-        decide(request(gpus=24, nodes=3, data_site="onprem-dc1", deadline=None), [DC, CLOUD_EU], policy, now=NOW)
+        decide(request(gpus=24, nodes=3, data_site="onprem-dc1", deadline=None), [DC, CLOUD_NODES], policy, now=NOW)
     assert "site onprem-dc1 has 20 GPUs; the job needs 24 (3 nodes × 8)" in str(nowhere.value)
+    # A cloud site that starts no instances trains in one process: placement refuses it, as the stage would.
+    with pytest.raises(NoFeasiblePlacement) as no_fleet:
+        decide(request(gpus=8, nodes=2, data_site="onprem-dc1", deadline=None), [ONPREM, CLOUD_EU], policy, now=NOW)
+    assert "add an instances: block to sites.cloud-eu" in str(no_fleet.value)
 
 
 @pytest.mark.parametrize("instances, words", [
