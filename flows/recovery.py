@@ -20,6 +20,12 @@ died, or that sent no flow-run heartbeat within the heartbeat timeout, are marke
 MLflow runs KILLED (``orchestration.stale_runs``); not being deployment runs, they are listed as
 skipped, with the ``--run-key`` that resumes them.
 
+Each pass also terminates leftover cloud instances (``stages.sweep_instances``): those a multi-node
+job started at a site with ``instances:`` whose MLflow run has ended, or that are past their
+deadline (boot time + the job's ``max_hours`` + 30 min) — a control plane killed mid-run leaves
+them up, and a run never resumed would pay for them forever. They are listed in the
+``swept-instances`` table artifact and audited.
+
 Each decision is audited and listed in a table artifact.
 """
 
@@ -134,4 +140,15 @@ def recover_runs(workspace: str | None = None, flow_name: str = "training-lifecy
             rows.append(row)
     if rows:
         create_table_artifact(rows, key="recovered-runs", description="Crashed or lost lifecycle runs and what was done")
+    if not dry_run:
+        swept = stages.sweep_instances(ws)
+        for row in swept:
+            if "error" in row:
+                log.warning("site %s: instances not swept: %s", row["site"], row["error"])
+            else:
+                log.warning("site %s: terminated leftover instance %s of job %s: %s", row["site"], row["instance"],
+                            row["job_id"], row["reason"])
+        if swept:
+            create_table_artifact(swept, key="swept-instances",
+                                  description="Cloud instances terminated because no running job needed them")
     return rows

@@ -76,6 +76,8 @@ def train_with_recovery(ws: Workspace, job: JobSpec, approved: DatasetVersion, s
         params = {"spec": job, "approved": datasets[site], "site": site, "run_id": run_id, "run_key": run_key,
                   "attempt": attempt_no}
         placed = placements.get(site)
+        if placed is not None:
+            params["capacity_class"] = placed.capacity_class  # spot or on-demand instances, as placed
         # The run carries its placement (planned hours, work queue) for the controller and queue snapshots;
         # an urgent one gets a controller pass as soon as it is queued, as in the simulator.
         tags = decision_tags(placed.run_hours, placed.queue_tier) if placed is not None else None

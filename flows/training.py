@@ -51,7 +51,7 @@ class AttemptEnd(BaseModel):
 
 @flow(name="train-stage", flow_run_name="train-{spec.metadata.name}-at-{site}", log_prints=True)
 def train_stage(spec: JobSpec, approved: DatasetVersion, site: str, run_id: str, run_key: str,
-                workspace: str | None = None, attempt: int = 1) -> Trained:
+                workspace: str | None = None, attempt: int = 1, capacity_class: str | None = None) -> Trained:
     """Train at the placed site (holding the job's training lease), then evaluate against the champion.
 
     Args:
@@ -62,6 +62,8 @@ def train_stage(spec: JobSpec, approved: DatasetVersion, site: str, run_id: str,
         run_key: Names the checkpoint series: the same key resumes from its newest checkpoint.
         workspace: Workspace root on the worker. Empty: HYBRIDTRAIN_HOME or the working directory.
         attempt: Which training attempt of the lifecycle this is (1 for the first).
+        capacity_class: The placement's capacity class at the site (``opportunistic``: spot). Instances a
+            multi-node job starts follow it; empty: the site's own class.
     """
     bind_progress()
     ws = run_workspace(workspace)
@@ -71,7 +73,7 @@ def train_stage(spec: JobSpec, approved: DatasetVersion, site: str, run_id: str,
         try:
             with ExitStack() as held:
                 acquire_lease(held, spec.name)
-                trained = train(ws, spec, approved, site, run_id, run_key)
+                trained = train(ws, spec, approved, site, run_id, run_key, capacity_class)
             evaluated = evaluate(ws, spec, approved, site, trained.model_uri)
         except Exception as exc:
             stages.save_result(ws, run_id, f"train-attempt-{attempt}", AttemptEnd.of(exc, site))

@@ -15,7 +15,7 @@ from tasks.retry import BACKOFF_S, only_transient
 
 @task(name="train")
 def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run_id: str,
-          run_key: str) -> stages.TrainOutput:
+          run_key: str, capacity_class: str | None = None) -> stages.TrainOutput:
     """Train (resuming the newest valid checkpoint of ``run_key``). No task retries: the lifecycle's
     recovery (``hybridtrain.training.recovery``) decides after a preemption, a lost site or a failure.
 
@@ -26,7 +26,7 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     with preemption_trap(spec.checkpoint.preemption_grace_s) as notice:
         rate = stages.observed_preemption_rate(ws, site) if spec.checkpoint.auto_interval else None
         return stages.train(ws, spec, approved, site, run_id, run_key, on_line=get_run_logger().info,
-                            should_stop=notice, preemptions_per_hour=rate)
+                            should_stop=notice, preemptions_per_hour=rate, capacity_class=capacity_class)
 
 
 @task(name="evaluate", retries=2, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)

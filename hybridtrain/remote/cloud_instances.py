@@ -23,6 +23,13 @@ job of ``resources.nodes: N`` on N instances it starts for that job alone. An ex
    EC2 refusing the request for lack of capacity is ``SiteUnavailable`` too (place it elsewhere);
    a wrong image, subnet or key pair is a ``SpecError`` naming ``sites.<site>.instances.<field>``.
 
+5. An instance nothing will terminate — its control plane killed and the run never resumed — is
+   found by ``sweep_orphans(site, run_ended)``, which the scheduled ``recover-runs`` flow calls for
+   every site with ``instances:``: ``provision`` tags each instance with the MLflow run it trains
+   for (``hybridtrain:mlflow-run``) and a deadline (``hybridtrain:expires``: boot time plus the
+   job's ``max_hours`` plus a grace), and the sweep terminates every live instance of the site
+   whose run has ended (FINISHED, FAILED or KILLED) or whose deadline has passed.
+
 Credentials: the site block's AWS keys (``Ec2Credentials``), or boto3's standard chain (environment,
 profile, instance role) when the block holds none.
 """
@@ -34,7 +41,9 @@ import math
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
@@ -51,6 +60,8 @@ log = logging.getLogger(__name__)
 
 JOB_TAG = "hybridtrain:job"
 SITE_TAG = "hybridtrain:site"
+RUN_TAG = "hybridtrain:mlflow-run"
+EXPIRES_TAG = "hybridtrain:expires"
 #: States of an instance that still runs, or may run again, and so must be terminated.
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
 #: How often the SSH ports and the waiter poll (seconds; a short boot timeout polls faster).
@@ -101,6 +112,7 @@ class Fleet:
     known_hosts: str
     client: Any = field(repr=False)
     terminated: bool = False
+    spot: bool = False  # spot instances (else on-demand)
 
     def terminate(self) -> list[str]:
         """Terminate every instance of the fleet (idempotent); returns their ids."""
@@ -124,10 +136,12 @@ class Fleet:
 
 
 def provision(site: Site, nodes: int, job_id: str, credentials: Ec2Credentials | None = None, *,
-              spot: bool | None = None, client: Any = None) -> Fleet:
+              spot: bool | None = None, client: Any = None, mlflow_run: str | None = None,
+              expires_at: datetime | None = None) -> Fleet:
     """Start ``nodes`` instances at ``site`` for ``job_id`` and wait until each answers on SSH; all or none.
 
-    ``spot`` (default: the site's capacity class is ``opportunistic``) asks for spot instances.
+    ``spot`` (the placement's capacity class is ``opportunistic``; default: the site's) asks for spot
+    instances. ``mlflow_run`` and ``expires_at`` tag the instances for ``sweep_orphans``.
     Raises ``SiteUnavailable`` when EC2 cannot start them or fewer than ``nodes`` are reachable
     within ``boot_timeout_s`` (every started instance is terminated first), ``SpecError`` when the
     ``instances`` block or the credentials are wrong.
@@ -144,6 +158,10 @@ def provision(site: Site, nodes: int, job_id: str, credentials: Ec2Credentials |
     deadline = time.monotonic() + fleet.boot_timeout_s
     tags = [{"Key": JOB_TAG, "Value": job_id}, {"Key": SITE_TAG, "Value": site.name},
             {"Key": "Name", "Value": f"hybridtrain-{job_id}"[:255]}]
+    if mlflow_run:
+        tags.append({"Key": RUN_TAG, "Value": mlflow_run})
+    if expires_at is not None:
+        tags.append({"Key": EXPIRES_TAG, "Value": expires_at.astimezone(UTC).isoformat(timespec="seconds")})
     request: dict[str, Any] = {
         "ImageId": fleet.image_id, "InstanceType": fleet.instance_type, "MinCount": nodes, "MaxCount": nodes,
         "ClientToken": uuid.uuid4().hex, "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}]}
@@ -153,7 +171,8 @@ def provision(site: Site, nodes: int, job_id: str, credentials: Ec2Credentials |
         request["SecurityGroupIds"] = list(fleet.security_group_ids)
     if fleet.key_name:
         request["KeyName"] = fleet.key_name
-    if spot if spot is not None else site.capacity_class is CapacityClass.opportunistic:
+    spot = spot if spot is not None else site.capacity_class is CapacityClass.opportunistic
+    if spot:
         request["InstanceMarketOptions"] = {
             "MarketType": "spot", "SpotOptions": {"SpotInstanceType": "one-time",
                                                   "InstanceInterruptionBehavior": "terminate"}}
@@ -187,7 +206,7 @@ def provision(site: Site, nodes: int, job_id: str, credentials: Ec2Credentials |
     hosts = tuple(_host(fleet, instance, addresses[instance]) for instance in started)
     known = "".join(_known_host(h, fleet.host_key) for h in hosts)
     return Fleet(site=site.name, job_id=job_id, instance_ids=tuple(started), hosts=hosts, known_hosts=known,
-                 client=ec2)
+                 client=ec2, spot=spot)
 
 
 def terminate_orphans(site: Site, job_id: str, credentials: Ec2Credentials | None = None, *,
@@ -207,6 +226,69 @@ def terminate_orphans(site: Site, job_id: str, credentials: Ec2Credentials | Non
                     ", ".join(orphans), job_id)
         _terminate(ec2, site.name, orphans)
     return orphans
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A live instance that ``sweep_orphans`` terminated, and why."""
+
+    instance_id: str
+    job_id: str
+    mlflow_run: str | None
+    reason: str
+
+
+def sweep_orphans(site: Site, run_ended: Callable[[str], str | None], credentials: Ec2Credentials | None = None,
+                  *, now: datetime | None = None, client: Any = None) -> list[Leftover]:
+    """Terminate ``site``'s live instances that no running job needs; what was terminated, and why.
+
+    An instance is left over when its ``hybridtrain:expires`` deadline has passed, or when
+    ``run_ended(mlflow_run)`` names the end state of the MLflow run it was started for (None: the
+    run is still running, or unknown — then only the deadline counts). Instances without our site
+    tag are never looked at.
+    """
+    now = now or datetime.now(UTC)
+    ec2 = client if client is not None else ec2_client(site, credentials)
+    try:
+        pages = ec2.get_paginator("describe_instances").paginate(Filters=[
+            {"Name": f"tag:{SITE_TAG}", "Values": [site.name]},
+            {"Name": "instance-state-name", "Values": list(LIVE_STATES)}])
+        live = [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+    except (ClientError, BotoCoreError) as exc:
+        raise SiteUnavailable(site.name, f"could not list its instances on its EC2 API ({exc}); leftover "
+                                         "instances, if any, keep running until the next sweep") from None
+    ended: dict[str, str | None] = {}
+    found: list[Leftover] = []
+    for instance in live:
+        tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+        run = tags.get(RUN_TAG)
+        reason = None
+        expires = _parse_time(tags.get(EXPIRES_TAG))
+        if expires is not None and now >= expires:
+            reason = f"past its deadline {expires.isoformat(timespec='seconds')} (boot time + the job's max_hours)"
+        elif run:
+            if run not in ended:
+                ended[run] = run_ended(run)
+            if ended[run]:
+                reason = f"its MLflow run {run} ended ({ended[run]})"
+        if reason is not None:
+            found.append(Leftover(instance["InstanceId"], tags.get(JOB_TAG, "?"), run, reason))
+    if found:
+        for leftover in found:
+            log.warning("site %s: terminating %s of job %s: %s", site.name, leftover.instance_id, leftover.job_id,
+                        leftover.reason)
+        _terminate(ec2, site.name, [x.instance_id for x in found])
+    return found
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 def _instances(site: Site) -> CloudInstances:

@@ -42,7 +42,13 @@ from hybridtrain.stages.tracking import (
     record_data,
     save_result,
 )
-from hybridtrain.stages.training import checkpoint_sites, move_checkpoint, observed_preemption_rate, train
+from hybridtrain.stages.training import (
+    checkpoint_sites,
+    move_checkpoint,
+    observed_preemption_rate,
+    sweep_instances,
+    train,
+)
 
 __all__ = [
     "PreprocessResult",
@@ -67,6 +73,7 @@ __all__ = [
     "train",
     "move_checkpoint",
     "observed_preemption_rate",
+    "sweep_instances",
     "checkpoint_sites",
     "evaluate",
     "releaser_for",

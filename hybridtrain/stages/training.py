@@ -6,7 +6,8 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from hybridtrain.datasets import partitioned
 from hybridtrain.datasets.dvc_repo import DatasetVersion
@@ -14,7 +15,7 @@ from hybridtrain.datasets.transfer import TransferRecord, egress_cost
 from hybridtrain.errors import Preempted, Problem, SpecError
 from hybridtrain.reporting import progress
 from hybridtrain.specs.job import JobSpec
-from hybridtrain.specs.sites import S3Store, Site, SshHost
+from hybridtrain.specs.sites import CapacityClass, S3Store, Site, SshHost
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.workspace import Workspace
 
@@ -27,12 +28,18 @@ from hybridtrain.stages.site_access import audit, checkpoint_store, control_site
 
 log = logging.getLogger(__name__)
 
+#: Added to a job's ``max_hours`` and its instances' boot time in their ``hybridtrain:expires`` tag: the
+#: time to save the last checkpoint and log the model before ``recover-runs`` may terminate them.
+INSTANCE_GRACE = timedelta(minutes=30)
+ENDED_RUN_STATES = ("FINISHED", "FAILED", "KILLED")
+
 
 def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run_id: str, run_key: str,
           *, ssh: SshCredentials | None = None, on_line: Callable[[str], None] | None = None,
           should_stop: Callable[[], bool] | None = None,
           preemptions_per_hour: float | None = None,
-          on_epoch_end: Callable[[int, dict[str, float]], None] | None = None) -> TrainOutput:
+          on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
+          capacity_class: str | None = None) -> TrainOutput:
     """Train at ``site`` on its copy of the approved data; checkpoints go to that site's store.
 
     ``run_key`` names the checkpoint series: a retry or a resubmission of the same run resumes
@@ -46,7 +53,8 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     terminates what an earlier attempt of the same job id left running, starts N instances
     (``remote.cloud_instances.provision``, pinned by the image's host key), trains on them the same
     way and terminates them whatever happens; their ids go to the MLflow tag ``cloud.instances``
-    and ``TrainOutput.instances``.
+    and ``TrainOutput.instances``. ``capacity_class`` is the placement's: ``opportunistic`` starts
+    spot instances, any other on-demand ones (None: the site's own class decides).
 
     Preemption raises ``Preempted`` (step, checkpoint key, site): over SSH when the job stopped
     for a notice (SIGTERM to it) after writing its checkpoint; in this process when
@@ -134,12 +142,18 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
                 say(f"hybridtrain: terminated {', '.join(left)}, left running by an earlier attempt of job {job_id}")
                 record(left, "terminated: left running by an earlier attempt")
             shown.start(f"starting {spec.resources.nodes} instances at {site}, job {job_id}")
-            fleet = cloud_instances.provision(s, spec.resources.nodes, job_id, credentials)
+            spot = None if capacity_class is None else capacity_class == CapacityClass.opportunistic.value
+            expires = (datetime.now(UTC) + timedelta(seconds=s.instances.boot_timeout_s)
+                       + timedelta(hours=spec.resources.max_hours) + INSTANCE_GRACE)
+            fleet = cloud_instances.provision(s, spec.resources.nodes, job_id, credentials, spot=spot,
+                                              mlflow_run=run_id, expires_at=expires)
             instance_ids = list(fleet.instance_ids)
             try:
                 with fleet:
+                    market = "spot" if fleet.spot else "on-demand"
                     registry.set_tags(run_id, {"cloud.instances": ",".join(instance_ids),
-                                               "cloud.instance_type": s.instances.instance_type})
+                                               "cloud.instance_type": s.instances.instance_type,
+                                               "cloud.market": market})
                     say(f"hybridtrain: instances {', '.join(instance_ids)} are up at "
                         f"{', '.join(h.hostname for h in fleet.hosts)}")
                     files = ssh_train_nodes(ws, spec, approved, s, fleet.hosts, ssh.private_key, fleet.known_hosts,
@@ -227,6 +241,43 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
         transfers=transfers,
         instances=instance_ids,
     )
+
+
+def sweep_instances(ws: Workspace, now: datetime | None = None) -> list[dict[str, Any]]:
+    """Terminate the leftover instances of every site that starts instances (``cloud_instances.sweep_orphans``).
+
+    An instance is left over when the MLflow run it was started for has ended, or its deadline
+    has passed. One row per instance terminated, and one per site whose EC2 API could not be
+    read (``error``), never an exception: the sweep runs again on the next pass. Each termination
+    is audited.
+    """
+    from hybridtrain.errors import SiteUnavailable
+    from hybridtrain.remote import cloud_instances  # lazy: heavy (boto3)
+
+    sites = [s for s in ws.load_sites().sites if s.instances is not None]
+    if not sites:
+        return []
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+
+    def run_ended(run_id: str) -> str | None:
+        status = registry.run_status(run_id)
+        return status if status in ENDED_RUN_STATES else None
+
+    rows: list[dict[str, Any]] = []
+    for site in sites:
+        try:
+            left = cloud_instances.sweep_orphans(site, run_ended, ec2_credentials(ws, site), now=now)
+        except SiteUnavailable as exc:
+            log.warning("site %s: instance sweep skipped: %s", site.name, exc.reason)
+            rows.append({"site": site.name, "error": exc.reason})
+            continue
+        for x in left:
+            audit(ws).append(actor=ws.actor, action="cloud_instances", subject=f"job {x.job_id}",
+                             inputs={"site": site.name, "job_id": x.job_id, "mlflow_run_id": x.mlflow_run,
+                                     "instances": [x.instance_id]},
+                             outcome=f"terminated by the sweep: {x.reason}")
+            rows.append({"site": site.name, "instance": x.instance_id, "job_id": x.job_id, "reason": x.reason})
+    return rows
 
 
 def ec2_credentials(ws: Workspace, site: Site) -> Ec2Credentials | None:

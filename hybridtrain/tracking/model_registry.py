@@ -94,6 +94,15 @@ class Registry:
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 
+    def run_status(self, run_id: str) -> str | None:
+        """The run's status (RUNNING, SCHEDULED, FINISHED, FAILED, KILLED); None when this store has no such run."""
+        from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
+
+        try:
+            return str(self.client.get_run(run_id).info.status)
+        except MlflowException:
+            return None
+
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param  # lazy: heavy (mlflow)
 

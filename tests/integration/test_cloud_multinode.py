@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import torch
@@ -114,13 +115,20 @@ def test_a_two_node_job_on_a_cloud_site_starts_two_instances_trains_like_one_pro
     lines: list[str] = []
     ssh = SshCredentials(private_key=SecretStr(server.private_key), known_hosts="")  # the hosts are pinned by the image key
     with Hypervisor(ec2, lambda i: instances_dir / i):
-        out = train(ws, MULTI, approved, SITE, run_id, "cloud-together", ssh=ssh, on_line=lines.append)
+        # Placed on spot at a burst site (its spot price is an option): the instances follow the placement.
+        out = train(ws, MULTI, approved, SITE, run_id, "cloud-together", ssh=ssh, on_line=lines.append,
+                    capacity_class="opportunistic")
     assert (out.global_step, out.epochs_completed, out.resumed_from_step) == (EPOCHS * 16, EPOCHS, None)
     assert_close_weights(ws, out.model_uri, single)
     # Two instances were started for the job, trained on at their own addresses, and are gone now.
     assert len(out.instances) == 2 and ec2.states() == dict.fromkeys(out.instances, "terminated")
     assert registry.client.get_run(run_id).data.tags["cloud.instances"] == ",".join(out.instances)
-    assert ec2.tags(out.instances[0])["hybridtrain:job"] == f"{MULTI.name}-cloud-together"
+    tags = ec2.tags(out.instances[0])
+    assert tags["hybridtrain:job"] == f"{MULTI.name}-cloud-together" and tags["hybridtrain:mlflow-run"] == run_id
+    assert datetime.fromisoformat(tags["hybridtrain:expires"]) > datetime.now(UTC) + timedelta(hours=MULTI.resources.max_hours)
+    described = ec2.client.describe_instances(InstanceIds=list(out.instances))["Reservations"]
+    assert {i.get("InstanceLifecycle") for r in described for i in r["Instances"]} == {"spot"}
+    assert registry.client.get_run(run_id).data.tags["cloud.market"] == "spot"
     launched = next(x for x in lines if "launched on 2 nodes" in x)
     assert "127.0.0.4" in launched and "127.0.0.5" in launched and "rendezvous at 127.0.0.4:" in launched
     for instance in out.instances:  # each instance fetched its own data copy into its own workdir
