@@ -203,6 +203,76 @@ def credentials(
 
 
 @app.command()
+def instances(
+    site: Annotated[str | None, typer.Option(help="Only this site (default: every site with instances:).")] = None,
+    sweep: Annotated[bool, typer.Option(
+        "--sweep", help="Terminate now the instances no running job needs (as each recover-runs pass does).")] = False,
+    home: HomeOpt = None,
+) -> None:
+    """List the cloud instances multi-node jobs started, and which of them no running job needs.
+
+    An instance is left over when the MLflow run it was started for has ended or its deadline (boot time +
+    the job's max_hours + 30 min) has passed; `--sweep` terminates those (audited), as each pass of the
+    scheduled recover-runs flow does."""
+    from rich.table import Column, Table
+
+    from hybridtrain import stages  # lazy: heavy (mlflow)
+
+    ws = Workspace.resolve(home)
+    try:
+        catalog = ws.load_sites()
+    except HybridtrainError as exc:
+        fail(exc)
+    fleet_sites = [s.name for s in catalog.sites if s.instances is not None]
+    if site is not None and site not in catalog.names:
+        err.print(f"--site {site!r} is not a site of {ws.sites_file} (sites: {', '.join(catalog.names)})",
+                  highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(2)
+    if site is not None and site not in fleet_sites:
+        err.print(f"site {site} starts no instances: add an instances: block to sites.{site} in {ws.sites_file}",
+                  highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(2)
+    if not fleet_sites:
+        console.print(f"no site in {ws.sites_file} starts instances (none has an instances: block)", highlight=False,
+                      soft_wrap=True)
+        return
+    from blocks.site import with_site_secrets  # lazy: heavy (prefect)
+
+    try:
+        ws = with_site_secrets(_open_session(home).ws)
+        chosen = [site] if site else fleet_sites
+        rows = stages.sweep_instances(ws, sites=chosen) if sweep else stages.list_instances(ws, chosen)
+    except HybridtrainError as exc:
+        fail(exc)
+    failed = [r for r in rows if "error" in r]
+    for r in failed:
+        err.print(f"site {r['site']}: {r['error']}", highlight=False, markup=False, soft_wrap=True)
+    found = [r for r in rows if "error" not in r]
+    if sweep:
+        for r in found:
+            console.print(f"terminated {r['instance']} at {r['site']} (job {r['job_id']}): {r['reason']}",
+                          highlight=False, markup=False, soft_wrap=True)
+        console.print(f"{len(found)} instance(s) terminated", highlight=False)
+    elif found:
+        table = Table("site", Column("instance", no_wrap=True), "state", "type", "job", "its run", "expires",
+                      "leftover")
+        for r in found:
+            why = r["leftover"].replace(f"its MLflow run {r['mlflow_run']} ", "its run ") if r["mlflow_run"] else \
+                r["leftover"]
+            table.add_row(r["site"], r["instance"], r["state"], r["type"], r["job_id"] or "-", r["run"] or "-",
+                          r["expires"][:16] or "-", escape(why) or "-")
+        console.print(table)
+        left = [r for r in found if r["leftover"]]
+        if left:
+            console.print(f"{len(left)} leftover instance(s): `hybridtrain instances --sweep` terminates them now "
+                          "(each recover-runs pass does too)", highlight=False, markup=False, soft_wrap=True)
+    else:
+        console.print(f"no live instances at {', '.join(chosen)}", highlight=False)
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
 def deploy(
     home: HomeOpt = None,
     code_repo: Annotated[list[str] | None, typer.Option(

@@ -229,6 +229,19 @@ def terminate_orphans(site: Site, job_id: str, credentials: Ec2Credentials | Non
 
 
 @dataclass(frozen=True)
+class LiveInstance:
+    """One of a site's instances that still runs (or may run again), as its tags describe it."""
+
+    instance_id: str
+    state: str
+    instance_type: str
+    job_id: str | None
+    mlflow_run: str | None
+    expires: datetime | None
+    launched: datetime | None
+
+
+@dataclass(frozen=True)
 class Leftover:
     """A live instance that ``sweep_orphans`` terminated, and why."""
 
@@ -236,6 +249,38 @@ class Leftover:
     job_id: str
     mlflow_run: str | None
     reason: str
+
+
+def live_instances(site: Site, credentials: Ec2Credentials | None = None, *, client: Any = None) -> list[LiveInstance]:
+    """The instances tagged with ``site`` that are not terminated yet (pending, running, stopping, stopped)."""
+    ec2 = client if client is not None else ec2_client(site, credentials)
+    try:
+        pages = ec2.get_paginator("describe_instances").paginate(Filters=[
+            {"Name": f"tag:{SITE_TAG}", "Values": [site.name]},
+            {"Name": "instance-state-name", "Values": list(LIVE_STATES)}])
+        found = [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+    except (ClientError, BotoCoreError) as exc:
+        raise SiteUnavailable(site.name, f"could not list its instances on its EC2 API ({exc}); leftover "
+                                         "instances, if any, keep running until the next sweep") from None
+    out = []
+    for i in found:
+        tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
+        launched = i.get("LaunchTime")
+        out.append(LiveInstance(instance_id=i["InstanceId"], state=i.get("State", {}).get("Name", "?"),
+                                instance_type=i.get("InstanceType", "?"), job_id=tags.get(JOB_TAG),
+                                mlflow_run=tags.get(RUN_TAG), expires=_parse_time(tags.get(EXPIRES_TAG)),
+                                launched=launched if isinstance(launched, datetime) else None))
+    return out
+
+
+def leftover_reason(instance: LiveInstance, run_status: str | None, now: datetime) -> str | None:
+    """Why ``instance`` is left over (None: a job may still need it). ``run_status``: how its MLflow run ended
+    (None: running, or unknown)."""
+    if instance.expires is not None and now >= instance.expires:
+        return f"past its deadline {instance.expires.isoformat(timespec='seconds')} (boot time + the job's max_hours)"
+    if instance.mlflow_run and run_status:
+        return f"its MLflow run {instance.mlflow_run} ended ({run_status})"
+    return None
 
 
 def sweep_orphans(site: Site, run_ended: Callable[[str], str | None], credentials: Ec2Credentials | None = None,
@@ -249,30 +294,16 @@ def sweep_orphans(site: Site, run_ended: Callable[[str], str | None], credential
     """
     now = now or datetime.now(UTC)
     ec2 = client if client is not None else ec2_client(site, credentials)
-    try:
-        pages = ec2.get_paginator("describe_instances").paginate(Filters=[
-            {"Name": f"tag:{SITE_TAG}", "Values": [site.name]},
-            {"Name": "instance-state-name", "Values": list(LIVE_STATES)}])
-        live = [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
-    except (ClientError, BotoCoreError) as exc:
-        raise SiteUnavailable(site.name, f"could not list its instances on its EC2 API ({exc}); leftover "
-                                         "instances, if any, keep running until the next sweep") from None
     ended: dict[str, str | None] = {}
     found: list[Leftover] = []
-    for instance in live:
-        tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
-        run = tags.get(RUN_TAG)
-        reason = None
-        expires = _parse_time(tags.get(EXPIRES_TAG))
-        if expires is not None and now >= expires:
-            reason = f"past its deadline {expires.isoformat(timespec='seconds')} (boot time + the job's max_hours)"
-        elif run:
-            if run not in ended:
-                ended[run] = run_ended(run)
-            if ended[run]:
-                reason = f"its MLflow run {run} ended ({ended[run]})"
+    for instance in live_instances(site, client=ec2):
+        run = instance.mlflow_run
+        expired = instance.expires is not None and now >= instance.expires
+        if run and not expired and run not in ended:
+            ended[run] = run_ended(run)
+        reason = leftover_reason(instance, ended.get(run) if run else None, now)
         if reason is not None:
-            found.append(Leftover(instance["InstanceId"], tags.get(JOB_TAG, "?"), run, reason))
+            found.append(Leftover(instance.instance_id, instance.job_id or "?", run, reason))
     if found:
         for leftover in found:
             log.warning("site %s: terminating %s of job %s: %s", site.name, leftover.instance_id, leftover.job_id,

@@ -44,6 +44,7 @@ from hybridtrain.stages.tracking import (
 )
 from hybridtrain.stages.training import (
     checkpoint_sites,
+    list_instances,
     move_checkpoint,
     observed_preemption_rate,
     sweep_instances,
@@ -74,6 +75,7 @@ __all__ = [
     "move_checkpoint",
     "observed_preemption_rate",
     "sweep_instances",
+    "list_instances",
     "checkpoint_sites",
     "evaluate",
     "releaser_for",

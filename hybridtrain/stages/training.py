@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -243,8 +243,53 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     )
 
 
-def sweep_instances(ws: Workspace, now: datetime | None = None) -> list[dict[str, Any]]:
-    """Terminate the leftover instances of every site that starts instances (``cloud_instances.sweep_orphans``).
+def _fleet_sites(ws: Workspace, names: Sequence[str] | None) -> list[Site]:
+    return [s for s in ws.load_sites().sites if s.instances is not None and (names is None or s.name in names)]
+
+
+def _run_ended(ws: Workspace) -> Callable[[str], str | None]:
+    """How the MLflow run ended (FINISHED, FAILED, KILLED); None while it runs or when the tracking server has none."""
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+
+    def run_ended(run_id: str) -> str | None:
+        status = registry.run_status(run_id)
+        return status if status in ENDED_RUN_STATES else None
+
+    return run_ended
+
+
+def list_instances(ws: Workspace, sites: Sequence[str] | None = None,
+                   now: datetime | None = None) -> list[dict[str, Any]]:
+    """The live instances of the sites that start instances (all, or those named): one row each, with the
+    job, its MLflow run and how it ended, the deadline and ``leftover`` (why ``sweep_instances`` would
+    terminate it; empty: a job may still need it); one ``error`` row per site whose EC2 API failed."""
+    from hybridtrain.errors import SiteUnavailable
+    from hybridtrain.remote import cloud_instances  # lazy: heavy (boto3)
+
+    now = now or datetime.now(UTC)
+    run_ended = _run_ended(ws)
+    rows: list[dict[str, Any]] = []
+    for site in _fleet_sites(ws, sites):
+        try:
+            found = cloud_instances.live_instances(site, ec2_credentials(ws, site))
+        except SiteUnavailable as exc:
+            rows.append({"site": site.name, "error": exc.reason})
+            continue
+        for i in found:
+            ended = run_ended(i.mlflow_run) if i.mlflow_run else None
+            rows.append({"site": site.name, "instance": i.instance_id, "state": i.state, "type": i.instance_type,
+                         "job_id": i.job_id or "", "mlflow_run": i.mlflow_run or "",
+                         "run": ended or ("running" if i.mlflow_run else ""),
+                         "launched": i.launched.isoformat(timespec="seconds") if i.launched else "",
+                         "expires": i.expires.isoformat(timespec="seconds") if i.expires else "",
+                         "leftover": cloud_instances.leftover_reason(i, ended, now) or ""})
+    return rows
+
+
+def sweep_instances(ws: Workspace, now: datetime | None = None,
+                    sites: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Terminate the leftover instances of every site that starts instances, or of ``sites``
+    (``cloud_instances.sweep_orphans``).
 
     An instance is left over when the MLflow run it was started for has ended, or its deadline
     has passed. One row per instance terminated, and one per site whose EC2 API could not be
@@ -254,17 +299,13 @@ def sweep_instances(ws: Workspace, now: datetime | None = None) -> list[dict[str
     from hybridtrain.errors import SiteUnavailable
     from hybridtrain.remote import cloud_instances  # lazy: heavy (boto3)
 
-    sites = [s for s in ws.load_sites().sites if s.instances is not None]
-    if not sites:
+    fleet_sites = _fleet_sites(ws, sites)
+    if not fleet_sites:
         return []
-    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
-
-    def run_ended(run_id: str) -> str | None:
-        status = registry.run_status(run_id)
-        return status if status in ENDED_RUN_STATES else None
+    run_ended = _run_ended(ws)
 
     rows: list[dict[str, Any]] = []
-    for site in sites:
+    for site in fleet_sites:
         try:
             left = cloud_instances.sweep_orphans(site, run_ended, ec2_credentials(ws, site), now=now)
         except SiteUnavailable as exc:

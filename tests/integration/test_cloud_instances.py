@@ -178,3 +178,44 @@ def test_the_recovery_pass_terminates_leftover_instances_and_lists_them(ec2, tmp
         [artifact] = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["swept-instances"])),
                                            limit=1)
     assert all(i in str(artifact.data) for i in left)
+
+
+def test_the_instances_command_lists_them_and_sweeps_the_leftovers(ec2, workspace, prefect_server):
+    import os
+    import subprocess
+    import sys
+
+    ws = Workspace.resolve(workspace)
+    catalog = ws.load_sites()
+    ws.sites_file.write_text(yaml.safe_dump(catalog.model_copy(update={"sites": (*catalog.sites, cloud_site(ec2))})
+                                            .model_dump(mode="json")))
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    running, ended = (registry.start_run(ws.experiment, name, {}) for name in ("training", "killed"))
+    registry.end_run(ended, "KILLED")
+    later = datetime.now(UTC) + timedelta(hours=2)
+    keep = left_running(ec2, "churn-r1", "cloud-x", 1, running, later)
+    gone = left_running(ec2, "churn-r2", "cloud-x", 2, ended, later)
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "COLUMNS": "300", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "orchestration.cli", "instances", *args, "--home", str(ws.root)],
+                              env=env, capture_output=True, text=True, timeout=300, check=False)
+
+    listed = cli()
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    rows = {line.split("│")[2].strip(): line for line in listed.stdout.splitlines() if "│ cloud-x" in line}
+    assert set(rows) == {*keep, *gone}
+    cells = {i: [c.strip() for c in line.split("│")[1:-1]] for i, line in rows.items()}
+    assert cells[keep[0]][4:6] == ["churn-r1", "running"] and cells[keep[0]][-1] == "-"
+    assert cells[gone[0]][4:6] == ["churn-r2", "KILLED"] and cells[gone[0]][-1].startswith("its run ended")
+    assert "2 leftover instance(s): `hybridtrain instances --sweep` terminates them now" in listed.stdout
+    swept = cli("--sweep")
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    assert "2 instance(s) terminated" in swept.stdout and all(f"terminated {i} at cloud-x" in swept.stdout for i in gone)
+    states = ec2.states()
+    assert {states[i] for i in gone} == {"terminated"} and states[keep[0]] == "running"
+    wrong = cli("--site", catalog.sites[0].name)
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+    assert wrong.stderr.strip() == (f"site {catalog.sites[0].name} starts no instances: add an instances: block to "
+                                    f"sites.{catalog.sites[0].name} in {ws.sites_file}")
