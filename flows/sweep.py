@@ -95,8 +95,12 @@ _SLOT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("hybridtrain
 
 @flow(name="sweep-trial", flow_run_name="trial-{ticket.number}-attempt-{attempt}-at-{site}", log_prints=True)
 def sweep_trial(spec: JobSpec, approved: DatasetVersion, site: str, parent_run_id: str, storage: str, study: str,
-                ticket: TrialTicket, attempt: int = 1, workspace: str | None = None) -> TrialOutcome:
-    """One attempt of one trial at ``site``: train with the trial's values, reporting each epoch to the study."""
+                ticket: TrialTicket, attempt: int = 1, workspace: str | None = None,
+                capacity_class: str | None = None) -> TrialOutcome:
+    """One attempt of one trial at ``site``: train with the trial's values, reporting each epoch to the study.
+
+    ``capacity_class`` is the trial's placement (``opportunistic``: the instances a multi-node trial starts
+    at a cloud site are spot ones); empty: the site's own class."""
     ws = run_workspace(workspace)
     slot = _SLOT.get()
     if slot is not None and not slot.held:
@@ -107,7 +111,7 @@ def sweep_trial(spec: JobSpec, approved: DatasetVersion, site: str, parent_run_i
     # recorded and the attempt still ends completed, instead of the signal crashing a finished trial.
     with preemption_trap(spec.checkpoint.preemption_grace_s):
         try:
-            out = train_trial(ws, spec, approved, site, parent_run_id, storage, study, ticket)
+            out = train_trial(ws, spec, approved, site, parent_run_id, storage, study, ticket, capacity_class)
         except Exception as exc:
             stages.save_result(ws, parent_run_id, f"{_trial_result_name(ticket.number, attempt)}-end",
                                AttemptEnd.of(exc, site))
@@ -217,6 +221,8 @@ class TrialRunner:
             began.append((site, datetime.now(UTC), clock()))
             params = {"spec": self.job, "approved": self.data_at(site), "site": site, "parent_run_id": self.run_id,
                       "storage": self.storage, "study": self.study, "ticket": ticket, "attempt": attempt_no}
+            if classes.get(site):
+                params["capacity_class"] = classes[site]  # spot or on-demand instances, as placed
             held = slot is None or slot.held
             try:
                 return dispatch_trial(self.ws, params, site, self.mode, self.timeout_s, self.run_id, slot)

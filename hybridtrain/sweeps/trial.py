@@ -62,7 +62,7 @@ def trial_run(ws: Workspace, spec: JobSpec, parent_run_id: str, study_name: str,
 
 def train_trial(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, parent_run_id: str,
                 storage: str, study_name: str, ticket: TrialTicket,
-                should_stop: Callable[[], bool] | None = None) -> TrialOutcome:
+                should_stop: Callable[[], bool] | None = None, capacity_class: str | None = None) -> TrialOutcome:
     """Train trial ``ticket`` of the sweep in ``spec`` at ``site`` (resuming its newest checkpoint).
 
     Returns a complete outcome (with the model in MLflow) or a pruned one (stopped after the epoch
@@ -82,7 +82,7 @@ def train_trial(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: st
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
     try:
         out = stages.train(ws, tspec, approved, site, run_id, run_key(study_name, ticket.number),
-                           should_stop=should_stop, on_epoch_end=reporter)
+                           should_stop=should_stop, on_epoch_end=reporter, capacity_class=capacity_class)
     except TrialPruned as exc:
         registry.set_tags(run_id, {"hybridtrain.sweep.state": "pruned"})
         registry.end_run(run_id, "FINISHED")
