@@ -260,6 +260,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=3600.0, help="Seconds for every run to end.")
     ap.add_argument("--json", type=Path, help="Also write the results here.")
     ap.add_argument("--keep", action="store_true", help="Leave the stack running.")
+    ap.add_argument("--site-nice", type=int, choices=range(20), metavar="0-19",
+                    help="Niceness of the site pools' workers and runs on the stack it starts (default: the stack's).")
     args = ap.parse_args()
 
     from hybridtrain.service.stack import Stack
@@ -273,8 +275,9 @@ def main() -> int:
         for i in range(args.runs):
             write(f"load-{i:03d}", metadata__name=f"load-{i:03d}", model__epochs=1)
     t0 = time.monotonic()
+    nice = ["--site-nice", str(args.site_nice)] if args.site_nice is not None else []
     if own:
-        stack_cmd(root, "up", "--no-doctor", *(["--no-workers"] if args.restart else []))
+        stack_cmd(root, "up", "--no-doctor", *nice, *(["--no-workers"] if args.restart else []))
     stack = Stack.load(root)
     print(f"stack up at {stack.prefect_api} in {time.monotonic() - t0:.0f} s; workspace {root}", flush=True)
     os.environ.update({"PREFECT_API_URL": stack.prefect_api, "HYBRIDTRAIN_HOME": str(root)})
@@ -292,7 +295,7 @@ def main() -> int:
     print(f"queued {len(ids)} runs in {time.monotonic() - t_queue:.1f} s", flush=True)
     if args.restart:
         stack_cmd(root, "down")
-        stack_cmd(root, "up", "--no-deploy", "--no-doctor")
+        stack_cmd(root, "up", "--no-deploy", "--no-doctor", *nice)
         pause_pools(stack.pools, False)
         print("stack restarted (down, up) with every run still queued; pools resumed", flush=True)
     probe.start()
@@ -340,6 +343,7 @@ def main() -> int:
         "peak_running": peak_running(list(runs.values())), "pool": pool, "pool_limit": limit,
         "restart": args.restart, "stopped_early": stopped.is_set() or time.monotonic() >= deadline,
         "never_started": len(never_started), "cpus": os.cpu_count(), "load_at_start": load_at_start,
+        "site_nice": stack.site_nice,
         "load_at_end": [round(x, 1) for x in os.getloadavg()],
     }
     if args.json:
@@ -350,8 +354,8 @@ def main() -> int:
         print(f"not terminal when the wait ended ({'stopped' if stopped.is_set() else 'timeout'} after "
               f"{elapsed:.0f} s): {len(lost)}, of which {len(never_started)} never started (still queued) and "
               f"{len(stuck)} RUNNING")
-    print(f"machine: {os.cpu_count()} CPUs, load average {load_at_start} at the start, "
-          f"{result['load_at_end']} at the end")
+    print(f"machine: {os.cpu_count()} CPUs, site pools at niceness {stack.site_nice}, load average "
+          f"{load_at_start} at the start, {result['load_at_end']} at the end")
     print(f"every run terminal: {not lost}; stuck RUNNING: {len(stuck)}; duplicated trainings: "
           f"{result['duplicated_trainings']} ({len(done)} jobs trained); registry aliases consistent: {not aliases} "
           f"{aliases[:3] if aliases else ''}; audit verify: {'passes' if verify.returncode == 0 else verify.stderr[-500:]}")
