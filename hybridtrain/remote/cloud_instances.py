@@ -238,7 +238,6 @@ class LiveInstance:
     job_id: str | None
     mlflow_run: str | None
     expires: datetime | None
-    launched: datetime | None
 
 
 @dataclass(frozen=True)
@@ -265,11 +264,9 @@ def live_instances(site: Site, credentials: Ec2Credentials | None = None, *, cli
     out = []
     for i in found:
         tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
-        launched = i.get("LaunchTime")
         out.append(LiveInstance(instance_id=i["InstanceId"], state=i.get("State", {}).get("Name", "?"),
                                 instance_type=i.get("InstanceType", "?"), job_id=tags.get(JOB_TAG),
-                                mlflow_run=tags.get(RUN_TAG), expires=_parse_time(tags.get(EXPIRES_TAG)),
-                                launched=launched if isinstance(launched, datetime) else None))
+                                mlflow_run=tags.get(RUN_TAG), expires=_parse_time(tags.get(EXPIRES_TAG))))
     return out
 
 

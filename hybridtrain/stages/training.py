@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -251,6 +252,7 @@ def _run_ended(ws: Workspace) -> Callable[[str], str | None]:
     """How the MLflow run ended (FINISHED, FAILED, KILLED); None while it runs or when the tracking server has none."""
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
 
+    @functools.cache  # a job's instances share one run: read it once
     def run_ended(run_id: str) -> str | None:
         status = registry.run_status(run_id)
         return status if status in ENDED_RUN_STATES else None
@@ -280,7 +282,6 @@ def list_instances(ws: Workspace, sites: Sequence[str] | None = None,
             rows.append({"site": site.name, "instance": i.instance_id, "state": i.state, "type": i.instance_type,
                          "job_id": i.job_id or "", "mlflow_run": i.mlflow_run or "",
                          "run": ended or ("running" if i.mlflow_run else ""),
-                         "launched": i.launched.isoformat(timespec="seconds") if i.launched else "",
                          "expires": i.expires.isoformat(timespec="seconds") if i.expires else "",
                          "leftover": cloud_instances.leftover_reason(i, ended, now) or ""})
     return rows
