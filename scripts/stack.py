@@ -113,6 +113,10 @@ def stop(stack: Stack, name: str, grace_s: float = 15.0) -> bool:
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         try:
+            os.waitpid(pid, os.WNOHANG)  # reap it if this process started it (a zombie still counts as alive)
+        except ChildProcessError:
+            pass
+        try:
             os.killpg(pid, 0)
         except ProcessLookupError:
             return True
@@ -201,9 +205,12 @@ def stop_postgres(stack: Stack) -> bool:
 
 def s3_client(stack: Stack):
     import boto3
+    from botocore.config import Config
 
+    # moto answers a busy moment with a 500 now and then: botocore's standard mode retries those.
     return boto3.client("s3", endpoint_url=stack.s3_url, aws_access_key_id="testing",
-                        aws_secret_access_key="testing", region_name="us-east-1")
+                        aws_secret_access_key="testing", region_name="us-east-1",
+                        config=Config(retries={"max_attempts": 8, "mode": "standard"}))
 
 
 def start_s3(stack: Stack) -> None:
@@ -219,25 +226,57 @@ def start_s3(stack: Stack) -> None:
         for f in sorted(p for p in stack.s3_snapshot.rglob("*") if p.is_file()):
             client.upload_file(str(f), stack.bucket, f.relative_to(stack.s3_snapshot).as_posix())
             restored += 1
+    client.close()
     say(f"s3 at {stack.s3_url}, bucket {stack.bucket}" + (f" ({restored} objects restored)" if restored else ""))
 
 
 def save_s3(stack: Stack) -> int:
-    """Copy every object of the bucket to the snapshot directory (moto keeps state in memory only)."""
+    """Copy every object of the bucket to the snapshot directory (moto keeps state in memory only).
+
+    The copy is written beside the snapshot and swapped in only once complete: a failure leaves the
+    last snapshot as it was.
+    """
     client = s3_client(stack)
     tmp = stack.s3_snapshot.with_name("s3.saving")
     shutil.rmtree(tmp, ignore_errors=True)
     count = 0
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=stack.bucket):
-        for obj in page.get("Contents", []):
-            dest = tmp / obj["Key"]
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(stack.bucket, obj["Key"], str(dest))
-            count += 1
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=stack.bucket):
+            for obj in page.get("Contents", []):
+                dest = tmp / obj["Key"]
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(stack.bucket, obj["Key"], str(dest))
+                count += 1
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        client.close()  # an open keep-alive connection holds moto's exit on SIGTERM until the grace runs out
     tmp.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(stack.s3_snapshot, ignore_errors=True)
     tmp.replace(stack.s3_snapshot)
     return count
+
+
+def stop_s3(stack: Stack) -> bool:
+    """Save the bucket, then stop the S3 stand-in; if it cannot be saved, leave it running (its objects live
+    only in its memory) and say so. True when it is stopped or was not running."""
+    if not pid_of(stack, "s3"):
+        return True
+    if not port_open(stack.host, stack.s3_port):  # dead or never listened: nothing left to save
+        stop(stack, "s3")
+        say(f"stopped s3 (it was not answering; {stack.s3_snapshot} holds the objects saved by the last `down`)")
+        return True
+    try:
+        count = save_s3(stack)
+    except Exception as exc:  # noqa: BLE001 - any failure to read the bucket: keep the objects where they are
+        reason = " ".join(str(exc).split())[:200]
+        say(f"s3 NOT stopped: saving its objects failed ({type(exc).__name__}: {reason}); it keeps them at "
+            f"{stack.s3_url} and {stack.s3_snapshot} is unchanged; run `make down` again to retry")
+        return False
+    stop(stack, "s3")
+    say(f"stopped s3 (saved {count} objects to {stack.s3_snapshot})")
+    return True
 
 
 # -- MLflow, Prefect, workers ---------------------------------------------------------------------
@@ -375,27 +414,39 @@ def wait_workers(stack: Stack, expected: int, timeout: float = 60.0) -> None:
 
 
 def down(stack: Stack) -> int:
-    workers = [n for n in stack.worker_cmds() if stop(stack, n, grace_s=20)]
-    extra = [p.stem for p in stack.run_dir.glob("worker-*.pid")]  # workers from an `up` with more per pool
-    workers += [n for n in extra if stop(stack, n, grace_s=20)]
+    """Stop every part, workers first; a part that fails to stop does not keep the others running."""
+    failed: list[str] = []
+
+    def attempt(part: str, action) -> object:
+        try:
+            return action()
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - say it in one line, go on with the other parts
+            failed.append(part)
+            say(f"{part}: could not stop it cleanly ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
+            return None
+
+    def stop_workers() -> list[str]:
+        workers = [n for n in stack.worker_cmds() if stop(stack, n, grace_s=20)]
+        extra = [p.stem for p in stack.run_dir.glob("worker-*.pid")]  # workers from an `up` with more per pool
+        return workers + [n for n in extra if stop(stack, n, grace_s=20)]
+
+    workers = attempt("workers", stop_workers) or []
     if workers:
         say(f"stopped {len(workers)} workers")
-        crashed = mark_orphans_crashed(stack)
+        crashed = attempt("prefect-server", lambda: mark_orphans_crashed(stack))
         if crashed:
             say(f"marked {crashed} flow runs the stopped workers were running CRASHED (recover-runs resubmits "
                 "lifecycle runs from their checkpoints)")
     for name in [p.stem for p in stack.run_dir.glob("warm-*.pid")]:
-        stop(stack, name, grace_s=20)
+        attempt(name, lambda name=name: stop(stack, name, grace_s=20))
     for name in ("prefect-server", "mlflow"):
-        if stop(stack, name):
+        if attempt(name, lambda name=name: stop(stack, name)):
             say(f"stopped {name}")
-    if pid_of(stack, "s3"):
-        count = save_s3(stack)
-        stop(stack, "s3")
-        say(f"stopped s3 (saved {count} objects to {stack.s3_snapshot})")
-    if stop_postgres(stack):
+    if attempt("s3", lambda: stop_s3(stack)) is False:
+        failed.append("s3")
+    if attempt("postgres", lambda: stop_postgres(stack)):
         say("stopped postgres")
-    return 0
+    return 1 if failed else 0
 
 
 def mark_orphans_crashed(stack: Stack) -> int:
