@@ -89,6 +89,15 @@ def _quiet_dvc() -> None:
     logging.getLogger("dvc").setLevel(logging.WARNING)
 
 
+def _init_lock(root: Path) -> FileLock:
+    """A lock for creating the DVC repository at ``root`` (before it has a .dvc of its own)."""
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha1(str(root).encode()).hexdigest()[:16]
+    return FileLock(str(Path(tempfile.gettempdir()) / f"hybridtrain-dvc-init-{digest}.lock"), timeout=300)
+
+
 class DvcRepo:
     """A DVC checkout: the on-prem workspace, or a site's working copy (``scm=False``)."""
 
@@ -127,10 +136,16 @@ class DvcRepo:
         _quiet_dvc()
         root = Path(root).resolve()
         root.mkdir(parents=True, exist_ok=True)
-        if not (root / ".dvc").is_dir():
-            use_scm = (root / ".git").exists() if scm is None else scm
-            Repo.init(str(root), no_scm=not use_scm, force=True)
-        (root / ".dvc" / "tmp").mkdir(parents=True, exist_ok=True)
+        # Runs that first use a site's working copy at the same moment would each init it: a forced
+        # init removes the .dvc another has just made, and a run that finds .dvc half-made opens it
+        # without its settings (seen under load: "Directory not empty", "unable to open database
+        # file", "not a git repository"). The repo's own lock lives in .dvc, so this one is
+        # host-wide, keyed by the path, and held by every run until the init is complete.
+        with _init_lock(root):
+            if not (root / ".dvc").is_dir():
+                use_scm = (root / ".git").exists() if scm is None else scm
+                Repo.init(str(root), no_scm=not use_scm, force=True)
+            (root / ".dvc" / "tmp").mkdir(parents=True, exist_ok=True)
         sections = {name: _remote_section(name, conf) for name, conf in remotes.items()}
         repo = cls(root, secrets={name: opts for name, opts in (secrets or {}).items() if name in sections})
         with repo._locked():

@@ -138,3 +138,34 @@ def test_concurrent_operations_on_one_checkout_are_serialized(repo):
         t.join(timeout=120)
     assert errors == []
     assert all((repo.root / f"data/approved/{n}.dvc").is_file() for n in ("a", "b", "c"))
+
+
+def _ensure_at(root: str, remote: str, barrier, errors) -> None:
+    barrier.wait(timeout=60)
+    try:
+        repo = DvcRepo.ensure(root, {"cloud-eu": remote}, default_remote="cloud-eu", scm=False)
+        with repo._repo() as r:  # open it as a stage would: state database, config, lock
+            assert r.config["core"]["remote"] == "cloud-eu"
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        errors.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_runs_setting_up_one_site_copy_at_once_all_get_it(tmp_path):
+    """Concurrent runs' first use of a site's working copy: one initialises it, none undoes another's."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    for attempt in range(3):
+        root = tmp_path / f"site-{attempt}"
+        barrier, errors = ctx.Barrier(4), ctx.Queue()
+        procs = [ctx.Process(target=_ensure_at, args=(str(root), str(tmp_path / "remote"), barrier, errors))
+                 for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+        found = []
+        while not errors.empty():
+            found.append(errors.get())
+        assert found == [] and all(p.exitcode == 0 for p in procs)
+        assert (root / ".dvc" / "config.local").is_file()
