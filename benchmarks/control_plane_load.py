@@ -85,7 +85,15 @@ def make_workspace(runs: int) -> Path:
 
 
 class ApiProbe:
-    """Times the calls the UI and the workers make (read runs, read a pool) every ``every`` seconds."""
+    """Times the calls the UI and the workers make (read runs, read a pool) every ``every`` seconds.
+
+    ``samples`` holds those two calls (the reported p50/p99). ``by_call`` keeps each call apart, plus
+    ``GET /health``, which touches no database: slow while the others are slow means the server
+    process itself was busy (its event loop or the CPU), not PostgreSQL. ``slow`` keeps when each call
+    over 500 ms happened (seconds since the epoch), to line up with the server's logs.
+    """
+
+    CALLS = (("POST", "/flow_runs/filter", {"limit": 10}), ("GET", "/work_pools/onprem", None))
 
     def __init__(self, api: str, every: float = 0.5):
         import httpx
@@ -93,24 +101,37 @@ class ApiProbe:
         self.client = httpx.Client(base_url=api, timeout=30)
         self.every = every
         self.samples: list[float] = []
+        self.by_call: dict[str, list[float]] = {}
+        self.slow: list[tuple[float, str, float]] = []
         self.errors = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def clear(self) -> None:
+        self.samples.clear()
+        self.by_call.clear()
+        self.slow.clear()
+
     def once(self) -> None:
         import httpx
 
-        for method, path, body in (("POST", "/flow_runs/filter", {"limit": 10}), ("GET", "/work_pools/onprem", None)):
+        for method, path, body in (*self.CALLS, ("GET", "/health", None)):
             t = time.perf_counter()
             try:
                 resp = self.client.request(method, path, json=body)
                 ok = resp.status_code < 500
             except httpx.HTTPError:  # a failed call is counted, the probe goes on
                 ok = False
-            if ok:
-                self.samples.append((time.perf_counter() - t) * 1000)
-            else:
+            ms = (time.perf_counter() - t) * 1000
+            if not ok:
                 self.errors += 1
+                continue
+            name = f"{method} {path}"
+            self.by_call.setdefault(name, []).append(ms)
+            if path != "/health":
+                self.samples.append(ms)
+            if ms > 500:
+                self.slow.append((time.time(), name, round(ms, 1)))
 
     def run_for(self, seconds: float) -> list[float]:
         end = time.monotonic() + seconds
@@ -262,6 +283,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="Leave the stack running.")
     ap.add_argument("--site-nice", type=int, choices=range(20), metavar="0-19",
                     help="Niceness of the site pools' workers and runs on the stack it starts (default: the stack's).")
+    ap.add_argument("--api-workers", type=int, help="Prefect API processes of the stack it starts (default: the stack's).")
     args = ap.parse_args()
 
     from hybridtrain.service.stack import Stack
@@ -276,6 +298,7 @@ def main() -> int:
             write(f"load-{i:03d}", metadata__name=f"load-{i:03d}", model__epochs=1)
     t0 = time.monotonic()
     nice = ["--site-nice", str(args.site_nice)] if args.site_nice is not None else []
+    nice += ["--api-workers", str(args.api_workers)] if args.api_workers is not None else []
     if own:
         stack_cmd(root, "up", "--no-doctor", *nice, *(["--no-workers"] if args.restart else []))
     stack = Stack.load(root)
@@ -285,7 +308,8 @@ def main() -> int:
     load_at_start = [round(x, 1) for x in os.getloadavg()]
     probe = ApiProbe(stack.prefect_api)
     idle = list(probe.run_for(15.0))
-    probe.samples.clear()
+    idle_by_call = {k: list(v) for k, v in probe.by_call.items()}
+    probe.clear()
     began = datetime.now(UTC)
     stamp = began.strftime("%Y%m%dT%H%M%S")
     t_queue = time.monotonic()
@@ -337,13 +361,19 @@ def main() -> int:
         "api_idle_p50_ms": round(pct(idle, 50), 1), "api_idle_p99_ms": round(pct(idle, 99), 1),
         "api_load_p50_ms": round(pct(probe.samples, 50), 1), "api_load_p99_ms": round(pct(probe.samples, 99), 1),
         "api_errors": probe.errors, "api_samples": len(probe.samples),
+        "api_by_call": {name: {"idle_p50_ms": round(pct(idle_by_call.get(name, []), 50), 1),
+                               "idle_p99_ms": round(pct(idle_by_call.get(name, []), 99), 1),
+                               "load_p50_ms": round(pct(ms, 50), 1), "load_p99_ms": round(pct(ms, 99), 1),
+                               "over_500_ms": sum(1 for x in ms if x > 500), "samples": len(ms)}
+                        for name, ms in probe.by_call.items()},
+        "api_slow_calls": probe.slow,
         "schedule_lag_p50_s": round(pct(lags, 50), 2), "schedule_lag_p99_s": round(pct(lags, 99), 2),
         "scheduled_runs": len(lags),
         "queue_wait_p50_s": round(pct(waits, 50), 1), "queue_wait_p99_s": round(pct(waits, 99), 1),
         "peak_running": peak_running(list(runs.values())), "pool": pool, "pool_limit": limit,
         "restart": args.restart, "stopped_early": stopped.is_set() or time.monotonic() >= deadline,
         "never_started": len(never_started), "cpus": os.cpu_count(), "load_at_start": load_at_start,
-        "site_nice": stack.site_nice,
+        "site_nice": stack.site_nice, "api_workers": stack.api_workers,
         "load_at_end": [round(x, 1) for x in os.getloadavg()],
     }
     if args.json:
@@ -354,7 +384,11 @@ def main() -> int:
         print(f"not terminal when the wait ended ({'stopped' if stopped.is_set() else 'timeout'} after "
               f"{elapsed:.0f} s): {len(lost)}, of which {len(never_started)} never started (still queued) and "
               f"{len(stuck)} RUNNING")
-    print(f"machine: {os.cpu_count()} CPUs, site pools at niceness {stack.site_nice}, load average "
+    for name, row in result["api_by_call"].items():
+        print(f"  {name:24} under load p50 {row['load_p50_ms']} ms, p99 {row['load_p99_ms']} ms, "
+              f"{row['over_500_ms']} of {row['samples']} over 500 ms (idle p99 {row['idle_p99_ms']} ms)")
+    print(f"machine: {os.cpu_count()} CPUs, site pools at niceness {stack.site_nice}, {stack.api_workers} Prefect API "
+          f"process(es) and the services apart, load average "
           f"{load_at_start} at the start, {result['load_at_end']} at the end")
     print(f"every run terminal: {not lost}; stuck RUNNING: {len(stuck)}; duplicated trainings: "
           f"{result['duplicated_trainings']} ({len(done)} jobs trained); registry aliases consistent: {not aliases} "
