@@ -79,7 +79,7 @@ worker: venv
 		         HYBRIDTRAIN_WARM_SOCKET=$$WARM_RUN/warm-$$pool.sock $(BIN)/prefect worker start --pool $$pool --type process & \
 		       done; wait'
 
-# The served stack on loopback: PostgreSQL, S3 (moto), `mlflow server`, `prefect server start`,
+# The served stack on loopback: PostgreSQL, Redis, S3 (moto), `mlflow server`, the Prefect API and services,
 # deployments and 2 process workers per pool, then `hybridtrain doctor`. Free ports are picked on the
 # first `up` and kept (.hybridtrain/stack/stack.json); choose them with e.g.
 # `make up UP_ARGS="--prefect-port 14200 --mlflow-port 15000"`. Data survives `make down && make up`.

@@ -2,6 +2,7 @@
 # System set-up: install what the tests and the served stack need beyond pip, from Debian's packages.
 #   openssh-server  real sshd on loopback for the on-prem (SSH) executor tests
 #   postgresql-15   the served stack's database (`make up`) and its tests
+#   redis-server    the served stack's messaging between Prefect's API and services (prefect-redis)
 #   chromium        headless browser for the UI tests
 # Idempotent and quick when all is there (no apt call at all). Without root or apt it installs
 # nothing and prints the one command to run. Used by `make test` and `.ci/run`.
@@ -11,6 +12,7 @@ PG_BIN="${HYBRIDTRAIN_PG_BIN:-/usr/lib/postgresql/15/bin}"
 missing=()
 { command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; } || missing+=(openssh-server)
 [ -x "$PG_BIN/postgres" ] && [ -x "$PG_BIN/initdb" ] || missing+=(postgresql-15)
+{ command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ]; } || missing+=(redis-server)
 { command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; } || missing+=(chromium)
 
 if [ ${#missing[@]} -eq 0 ]; then

@@ -5,11 +5,14 @@
     python scripts/stack.py status [--home DIR]
 
 `up` starts, in order and each only if not already running: PostgreSQL 15 (Debian's binaries; a
-cluster in .hybridtrain/stack/postgres, run as the `postgres` user when started as root), the S3
-stand-in (moto server mode; the bucket is created and the objects saved by the last `down` put
-back), `mlflow server` (PostgreSQL backend store, artifacts proxied to S3), `prefect server start`
-(on PostgreSQL, services on), then `hybridtrain deploy` (pools, blocks, deployments with their
-schedules) and process workers per pool, and ends with `hybridtrain doctor`. Ports are free ones
+cluster in .hybridtrain/stack/postgres, run as the `postgres` user when started as root), Redis
+(Debian's; Prefect's event messaging, leases and task queue, append-only file in
+.hybridtrain/stack/redis), the S3 stand-in (moto server mode; the bucket is created and the objects
+saved by the last `down` put back), `mlflow server` (PostgreSQL backend store, artifacts proxied to
+S3), `prefect server start --no-services` (the API and UI, on PostgreSQL) and `prefect server
+services start` (scheduler, late runs, event persister, triggers, ... in a process of their own),
+then `hybridtrain deploy` (pools, blocks, deployments with their schedules) and process workers per
+pool, and ends with `hybridtrain doctor`. Ports are free ones
 picked on the first `up` (or given), kept in .hybridtrain/stack/stack.json for every later one.
 """
 
@@ -32,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hybridtrain.errors import HybridtrainError  # noqa: E402
-from hybridtrain.service.stack import Stack, logging_config  # noqa: E402
+from hybridtrain.service.stack import Stack, logging_config, process_alive  # noqa: E402
 
 START_TIMEOUT_S = float(os.environ.get("HYBRIDTRAIN_STACK_START_TIMEOUT_S", "180"))
 
@@ -80,10 +83,9 @@ def pid_of(stack: Stack, name: str) -> int | None:
     f = stack.run_dir / f"{name}.pid"
     try:
         pid = int(f.read_text())
-        os.kill(pid, 0)
-        return pid
     except (OSError, ValueError):
         return None
+    return pid if process_alive(pid) else None
 
 
 def spawn(stack: Stack, name: str, cmd: list[str], env: dict[str, str], nice: int = 0) -> subprocess.Popen:
@@ -201,6 +203,33 @@ def stop_postgres(stack: Stack) -> bool:
     return True
 
 
+# -- Redis ----------------------------------------------------------------------------------------
+
+def redis_ping(stack: Stack) -> bool:
+    import redis
+
+    try:
+        with redis.Redis.from_url(stack.redis_url, socket_timeout=2, socket_connect_timeout=2) as client:
+            return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+def start_redis(stack: Stack) -> None:
+    if pid_of(stack, "redis") and redis_ping(stack):
+        say(f"redis already running on {stack.host}:{stack.redis_port}")
+        return
+    stack.redis_dir.mkdir(parents=True, exist_ok=True)
+    stack.redis_dir.chmod(0o700)
+    conf = stack.redis_dir / "redis.conf"
+    conf.touch(mode=0o600, exist_ok=True)
+    conf.chmod(0o600)
+    conf.write_text(stack.redis_conf())
+    proc = spawn(stack, "redis", stack.redis_cmd(), {})
+    wait_for("redis", lambda: redis_ping(stack), proc, stack.logs / "redis.log")
+    say(f"redis on {stack.host}:{stack.redis_port} (Prefect's events, leases and task queue)")
+
+
 # -- S3 stand-in ----------------------------------------------------------------------------------
 
 def s3_client(stack: Stack):
@@ -292,6 +321,24 @@ def start_mlflow(stack: Stack) -> None:
     say(f"mlflow at {stack.mlflow_url} (backend PostgreSQL, artifacts s3://{stack.bucket}/mlflow)")
 
 
+PREPARE_PREFECT_DB = """
+import asyncio
+
+from prefect.server.database import provide_database_interface
+from prefect.server.models.block_registration import run_block_auto_registration
+
+
+async def main():
+    db = provide_database_interface()
+    await db.create_db()
+    async with await db.session() as session:
+        await run_block_auto_registration(session=session)
+
+
+asyncio.run(main())
+"""
+
+
 def start_prefect(stack: Stack) -> None:
     if pid_of(stack, "prefect-server") and http_ok(f"{stack.prefect_api}/health"):
         say(f"prefect server already running at {stack.prefect_api}")
@@ -299,9 +346,40 @@ def start_prefect(stack: Stack) -> None:
     stack.prefect_home.mkdir(parents=True, exist_ok=True)
     stack.logs.mkdir(parents=True, exist_ok=True)
     (stack.state / "prefect-logging.yml").write_text(logging_config(stack.services_log()))
-    proc = spawn(stack, "prefect-server", stack.prefect_server_cmd(), stack.prefect_server_env())
+    env = stack.prefect_server_env()
+    if stack.api_workers > 1:
+        # Each API process migrates the database and registers the block types as it starts; several at
+        # once on a new database race (duplicate alembic_version, uq_block_type__slug) and the server
+        # exits. Do both once here, as the server's own start-up does, then start them without.
+        proc = subprocess.run([sys.executable, "-c", PREPARE_PREFECT_DB], env={**os.environ, **env},
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise SystemExit(f"stack: preparing Prefect's database failed (exit {proc.returncode}):\n"
+                             f"{(proc.stdout + proc.stderr)[-3000:]}")
+        env["PREFECT_SERVER_DATABASE_MIGRATE_ON_START"] = "false"
+        env["PREFECT_SERVER_REGISTER_BLOCKS_ON_START"] = "false"
+    proc = spawn(stack, "prefect-server", stack.prefect_server_cmd(), env)
     wait_for("prefect server", lambda: http_ok(f"{stack.prefect_api}/ready"), proc, stack.server_log())
-    say(f"prefect server at {stack.prefect_api} (UI http://{stack.host}:{stack.prefect_port}), database PostgreSQL")
+    say(f"prefect server at {stack.prefect_api} (UI http://{stack.host}:{stack.prefect_port}), database PostgreSQL, "
+        f"{stack.api_workers} API process(es)")
+
+
+def start_services(stack: Stack) -> None:
+    """Prefect's background services in a process of their own (started after the API has migrated the database)."""
+    if pid_of(stack, "prefect-background"):
+        say("prefect services already running")
+        return
+    log = stack.services_process_log()
+    before = log.stat().st_size if log.is_file() else 0  # the log is appended to by every `up`
+
+    def started() -> bool:
+        with log.open("rb") as fh:
+            fh.seek(before)
+            return b"Starting services" in fh.read()
+
+    proc = spawn(stack, "prefect-background", stack.prefect_services_cmd(), stack.prefect_server_env())
+    wait_for("prefect services", started, proc, log)
+    say(f"prefect services running (pid {proc.pid}; each service's runs in {stack.services_log()})")
 
 
 def deploy(stack: Stack) -> None:
@@ -366,10 +444,13 @@ def resolve(args: argparse.Namespace) -> Stack:
     if stack is None:
         if args.command != "up":
             raise SystemExit(f"stack: no stack in {Stack.file(root)}; start one with `make up`")
-        ports = {k: getattr(args, f"{k}_port") or free_port() for k in ("prefect", "mlflow", "postgres", "s3")}
+        ports = {k: getattr(args, f"{k}_port") or free_port() for k in ("prefect", "mlflow", "postgres", "s3", "redis")}
         stack = Stack.create(root, ports, is_root=os.geteuid() == 0)
+    if stack.redis_port is None and args.command == "up":  # saved before the stack had Redis
+        stack = stack.model_copy(update={"redis_port": args.redis_port or free_port()})
     changes = {k: v for k, v in {"prefect_port": args.prefect_port, "mlflow_port": args.mlflow_port,
                                  "postgres_port": args.postgres_port, "s3_port": args.s3_port,
+                                 "redis_port": args.redis_port, "api_workers": args.api_workers,
                                  "workers_per_pool": args.workers_per_pool,
                                  "worker_query_seconds": args.worker_query_seconds,
                                  "warm_spares": args.warm_spares, "site_nice": args.site_nice}.items() if v is not None}
@@ -381,9 +462,11 @@ def resolve(args: argparse.Namespace) -> Stack:
 def up(stack: Stack, args: argparse.Namespace) -> int:
     stack.save()
     start_postgres(stack)
+    start_redis(stack)
     start_s3(stack)
     start_mlflow(stack)
     start_prefect(stack)
+    start_services(stack)
     if not args.no_deploy:
         deploy(stack)
     workers = start_workers(stack) if not args.no_workers else 0
@@ -439,9 +522,11 @@ def down(stack: Stack) -> int:
                 "lifecycle runs from their checkpoints)")
     for name in [p.stem for p in stack.run_dir.glob("warm-*.pid")]:
         attempt(name, lambda name=name: stop(stack, name, grace_s=20))
-    for name in ("prefect-server", "mlflow"):
+    for name in ("prefect-background", "prefect-server", "mlflow"):
         if attempt(name, lambda name=name: stop(stack, name)):
             say(f"stopped {name}")
+    if attempt("redis", lambda: stop(stack, "redis")):  # it writes its append-only file as it stops
+        say("stopped redis")
     if attempt("s3", lambda: stop_s3(stack)) is False:
         failed.append("s3")
     if attempt("postgres", lambda: stop_postgres(stack)):
@@ -473,11 +558,12 @@ def mark_orphans_crashed(stack: Stack) -> int:
 def status(stack: Stack) -> int:
     rows = [("postgres", (stack.pg_data / "postmaster.pid").is_file() and port_open(stack.host, stack.postgres_port),
              f"{stack.host}:{stack.postgres_port}"),
+            ("redis", stack.redis_port is not None and redis_ping(stack), f"{stack.host}:{stack.redis_port}"),
             ("s3", http_ok(f"{stack.s3_url}/moto-api/data.json"), stack.s3_url),
             ("mlflow", http_ok(f"{stack.mlflow_url}/health"), stack.mlflow_url),
             ("prefect-server", http_ok(f"{stack.prefect_api}/health"), stack.prefect_api)]
     rows += [(n, pid_of(stack, n) is not None, f"pid {pid_of(stack, n)}")
-             for n in [*stack.warm_cmds(), *stack.worker_cmds()]]
+             for n in ["prefect-background", *stack.warm_cmds(), *stack.worker_cmds()]]
     for name, ok, where in rows:
         print(f"{name:18} {'up  ' if ok else 'down'}  {where}")
     return 0 if all(ok for _, ok, _ in rows) else 1
@@ -487,10 +573,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=["up", "down", "status"])
     ap.add_argument("--home", help="Workspace root (default: HYBRIDTRAIN_HOME or cwd).")
-    for k in ("prefect", "mlflow", "postgres", "s3"):
+    for k in ("prefect", "mlflow", "postgres", "s3", "redis"):
         ap.add_argument(f"--{k}-port", type=int, default=int(os.environ[f"HYBRIDTRAIN_STACK_{k.upper()}_PORT"])
                         if os.environ.get(f"HYBRIDTRAIN_STACK_{k.upper()}_PORT") else None, help=f"{k} port (default: kept or free).")
     ap.add_argument("--workers-per-pool", type=int)
+    ap.add_argument("--api-workers", type=int, help="Processes serving Prefect's API (default 2).")
     ap.add_argument("--worker-query-seconds", type=float)
     ap.add_argument("--warm-spares", type=int, help="Pre-started spare processes per pool (0: start runs cold).")
     ap.add_argument("--site-nice", type=int, choices=range(20), metavar="0-19",

@@ -1,9 +1,10 @@
 """Doctor: checks a served stack part by part and names each one that is down or failing, and why.
 
-Checks, in order: PostgreSQL accepts logins; the S3 store answers and has the artifact bucket;
-MLflow's ``/health``; Prefect's ``/api/health`` (the API is up) and ``/api/ready`` (its database is
-reachable); each Prefect server service's last report (``server_log``) — the API stays healthy
-while, say, the scheduler fails on every loop; and each work pool has an online worker. Plain HTTP
+Checks, in order: PostgreSQL accepts logins; Redis answers; the S3 store answers and has the artifact
+bucket; MLflow's ``/health``; Prefect's ``/api/health`` (the API is up) and ``/api/ready`` (its
+database is reachable); the services process is alive, and each Prefect server service's last report
+(``server_log``) — the API stays healthy while, say, the scheduler fails on every loop; and each work
+pool has an online worker. Plain HTTP
 and a database login: no Prefect import, so it runs where nothing else of the stack is installed.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybridtrain.service.server_log import service_statuses
-from hybridtrain.service.stack import Stack
+from hybridtrain.service.stack import Stack, process_alive
 
 TIMEOUT_S = 20.0  # generous: a busy host (or a server under load) answers slowly, which is not a failure
 
@@ -135,10 +136,42 @@ def check_postgres(stack: Stack) -> Finding:
     return Finding("postgres", True, f"{stack.host}:{stack.postgres_port} PostgreSQL {version}")
 
 
+def check_redis(stack: Stack) -> Finding:
+    import redis
+
+    if stack.redis_port is None:
+        return Finding("redis", False, "this stack has no Redis yet (saved by an older `make up`); run `make up`")
+    where = f"{stack.host}:{stack.redis_port}"
+    try:
+        with redis.Redis.from_url(stack.redis_url, socket_timeout=TIMEOUT_S, socket_connect_timeout=5) as client:
+            version = client.info("server").get("redis_version", "?")
+    except (redis.RedisError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return Finding("redis", False, f"{where}: {first}; Prefect's events and leases stop with it; start it "
+                                       "with `make up`")
+    return Finding("redis", True, f"{where} Redis {version}")
+
+
+def check_services_process(stack: Stack) -> Finding:
+    """The process running Prefect's background services: without it no schedule fires, whatever its log says."""
+    pidfile = stack.run_dir / "prefect-background.pid"
+    try:
+        pid = int(pidfile.read_text())
+    except (OSError, ValueError):
+        pid = None
+    if pid is None or not process_alive(pid):
+        return Finding("prefect services process", False,
+                       f"not running (no live pid in {pidfile}): no schedule fires and no event is stored; see "
+                       f"{stack.services_process_log()} and start it with `make up`")
+    return Finding("prefect services process", True, f"pid {pid}")
+
+
 def diagnose(stack: Stack) -> list[Finding]:
     """Every check of a stack from ``make up``, in dependency order."""
-    found = [check_postgres(stack), check_s3(stack.s3_url, stack.bucket), check_mlflow(stack.mlflow_url)]
+    found = [check_postgres(stack), check_redis(stack), check_s3(stack.s3_url, stack.bucket),
+             check_mlflow(stack.mlflow_url)]
     found += check_prefect_api(stack.prefect_api)
+    found += [check_services_process(stack)]
     found += check_services(stack.services_log())
     if any(f.component == "prefect api" and f.ok for f in found):
         found += check_workers(stack.prefect_api, stack.worker_pools)

@@ -57,8 +57,9 @@ def runs_of(flow_name: str):
 def test_the_doctor_finds_every_part_healthy(served, client_env):
     proc = hybridtrain_cli(served, "doctor")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for part in ("postgres", "s3", "mlflow", "prefect api", "prefect database", "prefect service scheduler",
-                 "prefect service late runs", "prefect service foreman", "pool onprem", "pool cloud"):
+    for part in ("postgres", "redis", "s3", "mlflow", "prefect api", "prefect database", "prefect services process",
+                 "prefect service scheduler", "prefect service late runs", "prefect service foreman", "pool onprem",
+                 "pool cloud"):
         assert f"ok      {part}:" in proc.stdout, (part, proc.stdout)
     assert "PostgreSQL 15" in proc.stdout and "2 worker(s) online" in proc.stdout
 
@@ -209,6 +210,23 @@ def test_runs_queued_across_down_and_up_all_finish(served, client_env, tmp_path)
     assert (result["lost"], result["stuck_running"], result["duplicated_trainings"]) == (0, 0, 0)
     assert result["trained_jobs"] == 2 and result["alias_problems"] == [] and result["audit_verify_rc"] == 0
     assert proc.stdout.strip().splitlines()[-1] == "control_plane_lost_runs: 0 of 2 (target 0)"
+
+
+def test_the_api_and_the_services_run_apart_and_the_doctor_names_stopped_services(served, client_env):
+    """The API serves with no background service in its process (they run in ``prefect-background``, talking
+    to it through Redis); with that process gone the API stays healthy and the doctor says what stopped."""
+    stack = Stack.load(served)
+    api_cmd = (Path("/proc") / (stack.run_dir / "prefect-server.pid").read_text().strip() / "cmdline").read_bytes()
+    assert b"--no-services" in api_cmd
+    pid = int((stack.run_dir / "prefect-background.pid").read_text())
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2],
+               "the services process to end", timeout=30, every=0.2)
+    proc = hybridtrain_cli(served, "doctor", "--quiet")
+    assert proc.returncode == 1
+    problems = [line for line in proc.stderr.splitlines() if line.startswith("PROBLEM")]
+    assert len(problems) == 1 and problems[0].startswith("PROBLEM prefect services process: not running"), problems
+    assert "make up" in problems[0]
 
 
 def test_the_doctor_names_the_database_when_postgres_stops(served, client_env):

@@ -14,7 +14,7 @@ from hybridtrain.drill.loopback import free_port
 from hybridtrain.errors import SpecError
 from hybridtrain.service.stack import Stack, logging_config, split_limit
 
-PORTS = {"prefect": 14200, "mlflow": 15000, "postgres": 15432, "s3": 19000}
+PORTS = {"prefect": 14200, "mlflow": 15000, "postgres": 15432, "s3": 19000, "redis": 16379}
 
 
 def test_a_stack_is_kept_with_its_ports_and_password_for_the_next_up(tmp_path):
@@ -23,10 +23,21 @@ def test_a_stack_is_kept_with_its_ports_and_password_for_the_next_up(tmp_path):
     assert path == tmp_path.resolve() / ".hybridtrain" / "stack" / "stack.json" and path.stat().st_mode & 0o777 == 0o600
     again = Stack.load(tmp_path)
     assert again == stack and again.pg_os_user == "postgres" and len(again.db_password) >= 20
+    assert len(again.redis_password) >= 20 and again.redis_password != again.db_password
     assert Stack.create(tmp_path, PORTS, is_root=False, pg_bin="/x").pg_os_user is None
     assert again.prefect_server_env()["PREFECT_API_DATABASE_CONNECTION_URL"] == (
         f"postgresql+asyncpg://hybridtrain:{again.db_password}@127.0.0.1:15432/prefect")
     assert again.db_url("mlflow") in again.mlflow_cmd() and "s3://hybridtrain-mlflow/mlflow" in again.mlflow_cmd()
+    # The API and the services are separate processes that talk through Redis (password-protected, loopback).
+    server = again.prefect_server_env()
+    assert server["PREFECT_SERVER_EVENTS_MESSAGING_BROKER"] == "prefect_redis.messaging"
+    assert server["PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE"] == "prefect_redis.lease_storage"
+    assert server["PREFECT_REDIS_MESSAGING_URL"] == server["PREFECT_SERVER_DOCKET_URL"] == (
+        f"redis://default:{again.redis_password}@127.0.0.1:16379/0")
+    assert again.prefect_server_cmd()[-3:] == ["--no-services", "--workers", "2"]
+    assert again.prefect_services_cmd()[-3:] == ["server", "services", "start"]
+    conf = again.redis_conf().splitlines()
+    assert "bind 127.0.0.1" in conf and f"requirepass {again.redis_password}" in conf and "appendonly yes" in conf
     env = again.worker_env("onprem")
     assert env["PREFECT_API_URL"] == "http://127.0.0.1:14200/api" and env["PREFECT_WORKER_QUERY_SECONDS"] == "1"
     assert env["HYBRIDTRAIN_MLFLOW_TRACKING_URI"] == "http://127.0.0.1:15000"
@@ -109,3 +120,20 @@ def test_doctor_without_a_stack_or_an_api_says_what_to_start(tmp_path):
     proc = doctor(tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "make up" in proc.stderr and "--api" in proc.stderr
+
+
+def test_a_stack_saved_before_redis_loads_and_the_doctor_asks_for_an_up(tmp_path):
+    import json
+
+    from hybridtrain.service.doctor import check_redis
+
+    stack = Stack.create(tmp_path, {k: v for k, v in PORTS.items() if k != "redis"}, is_root=False, pg_bin="/x")
+    data = json.loads(stack.model_dump_json())
+    for key in ("redis_port", "redis_password", "api_workers"):
+        data.pop(key)
+    Stack.file(tmp_path).parent.mkdir(parents=True)
+    Stack.file(tmp_path).write_text(json.dumps(data))
+    old = Stack.load(tmp_path)
+    assert old.redis_port is None and old.prefect_port == PORTS["prefect"]
+    finding = check_redis(old)
+    assert not finding.ok and "run `make up`" in finding.detail
