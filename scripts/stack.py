@@ -453,6 +453,7 @@ def resolve(args: argparse.Namespace) -> Stack:
                                  "redis_port": args.redis_port, "api_workers": args.api_workers,
                                  "workers_per_pool": args.workers_per_pool,
                                  "worker_query_seconds": args.worker_query_seconds,
+                                 "site_query_seconds": args.site_query_seconds,
                                  "warm_spares": args.warm_spares, "site_nice": args.site_nice}.items() if v is not None}
     if changes and args.command == "up":
         stack = stack.model_copy(update=changes)
@@ -578,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
                         if os.environ.get(f"HYBRIDTRAIN_STACK_{k.upper()}_PORT") else None, help=f"{k} port (default: kept or free).")
     ap.add_argument("--workers-per-pool", type=int)
     ap.add_argument("--api-workers", type=int, help="Processes serving Prefect's API (default 2).")
-    ap.add_argument("--worker-query-seconds", type=float)
+    ap.add_argument("--worker-query-seconds", type=float, help="Poll interval of the control pool's worker (default 1).")
+    ap.add_argument("--site-query-seconds", type=float, help="Poll interval of the site pools' workers (default 1).")
     ap.add_argument("--warm-spares", type=int, help="Pre-started spare processes per pool (0: start runs cold).")
     ap.add_argument("--site-nice", type=int, choices=range(20), metavar="0-19",
                     help="CPU niceness of the site pools' workers and their runs (default 10: the control plane "

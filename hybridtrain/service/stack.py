@@ -64,7 +64,11 @@ class Stack(BaseModel):
         CONTROL_POOL, description="Pool of the control flows (burst-controller, recover-runs): no run limit, its "
                                   "own worker, so a full site pool never delays the flows that supervise it.")
     control_workers: int = Field(1, ge=1, description="Process workers started for the control pool.")
-    worker_query_seconds: float = Field(1.0, gt=0, description="How often each worker polls for due runs.")
+    worker_query_seconds: float = Field(1.0, gt=0, description="How often the control pool's worker polls for due runs.")
+    site_query_seconds: float = Field(
+        1.0, gt=0, description="How often the site pools' workers poll. Each poll is one of the API's dearest calls "
+        "(get_scheduled_flow_runs, the top endpoint in a profile under load), but polling every 3 s instead of 1 "
+        "did not lower the API's p99 under 40 runs at once (821 ms against 764 and 899 ms), so it stays 1.")
     train_lease_s: float = Field(
         300.0, ge=60, description="Training lease of the workers' runs (HYBRIDTRAIN_TRAIN_LEASE_S): Prefect renews "
         "it every 3/4 of this, so a 60 s lease is lost by a run its host starves for a minute (seen at load 25 on 2 "
@@ -246,7 +250,7 @@ class Stack(BaseModel):
 
     def worker_env(self, pool: str) -> dict[str, str]:
         env = {**self.client_env(), **self.s3_env(),
-               "PREFECT_WORKER_QUERY_SECONDS": f"{self.worker_query_seconds:g}",
+               "PREFECT_WORKER_QUERY_SECONDS": f"{self.query_seconds_of(pool):g}",
                "PREFECT_WORKER_PREFETCH_SECONDS": f"{self.worker_prefetch_seconds:g}",
                "HYBRIDTRAIN_TRAIN_LEASE_S": f"{self.train_lease_s:g}"}
         if self.warm_spares:
@@ -285,6 +289,10 @@ class Stack(BaseModel):
 
     def workers_of(self, pool: str) -> int:
         return self.control_workers if pool == self.control_pool else self.workers_per_pool
+
+    def query_seconds_of(self, pool: str) -> float:
+        """How often ``pool``'s workers poll the API for due runs."""
+        return self.worker_query_seconds if pool == self.control_pool else self.site_query_seconds
 
     def nice_of(self, pool: str) -> int:
         """The niceness ``up`` starts ``pool``'s worker and warm-pool processes with (the control pool: 0)."""

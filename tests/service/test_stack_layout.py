@@ -40,6 +40,9 @@ def test_a_stack_is_kept_with_its_ports_and_password_for_the_next_up(tmp_path):
     assert "bind 127.0.0.1" in conf and f"requirepass {again.redis_password}" in conf and "appendonly yes" in conf
     env = again.worker_env("onprem")
     assert env["PREFECT_API_URL"] == "http://127.0.0.1:14200/api" and env["PREFECT_WORKER_QUERY_SECONDS"] == "1"
+    slower = again.model_copy(update={"site_query_seconds": 3.0})  # the site pools poll apart from control
+    assert slower.worker_env("cloud")["PREFECT_WORKER_QUERY_SECONDS"] == "3"
+    assert slower.worker_env("control")["PREFECT_WORKER_QUERY_SECONDS"] == "1"  # the control runs' schedule lag
     assert env["HYBRIDTRAIN_MLFLOW_TRACKING_URI"] == "http://127.0.0.1:15000"
     assert env["HYBRIDTRAIN_TRAIN_LEASE_S"] == "300"  # a starved host still renews the training lease in time
     warm = again.warm_cmds()  # site pools' spares import the lifecycle ahead, the control pool's its own flows
