@@ -72,8 +72,8 @@ class WaitingRun:
 
 @dataclass(frozen=True, slots=True)
 class RunningRun:
-    """A run on the watched pool's slots: its request, its estimated and hard-limit hours left, the
-    work since its last checkpoint (lost if it is stopped now), and how often it was stopped before."""
+    """A run on the watched pool's slots: its request, its estimated and hard-limit hours left, and
+    the work since its last checkpoint (lost if it is stopped now)."""
 
     run_id: str
     request: ResourceRequest
@@ -81,7 +81,6 @@ class RunningRun:
     limit_hours_left: float
     since_checkpoint_h: float = 0.0
     tier: QueueTier | None = None
-    evictions: int = 0
 
 
 @dataclass(frozen=True)
@@ -164,17 +163,13 @@ def plan_bursts(
     evict: bool = True,
     margin_s: float = 0.0,
     release_free_fraction: float = 0.25,
-    requeue_limit: int | None = None,
 ) -> BurstPlan:
     """One pass of the burst controller over the pool of ``site`` (see the module docstring).
 
     ``waiting`` is the pool's queue in arrival order; ``others`` the queue states of the other
     sites, ``spot`` their outlooks. ``evict=False`` never stops running runs. ``margin_s`` is
     added to every predicted start: pass the time until the next pass, since a run that is fine
-    now but late by then can no longer be helped then. ``requeue_limit``: a run already stopped that
-    many times is not queued here again when stopped once more; it resumes where the engine places
-    its remaining work (or, if no other site may take it, is not stopped): one large run is not
-    stopped again and again for short urgent ones while it waits for a whole pool to resume.
+    now but late by then can no longer be helped then.
     """
     slo_s = placement.policy.wait_slo_hours * 3600.0
     tier = {w.run_id: w.tier if w.tier is not None else placement.plan_for(w.request).tier
@@ -239,7 +234,7 @@ def plan_bursts(
         starts = replay()  # the runs behind it may now make it
 
     evictions = _evictions(placement, site, gpu_slots, stuck, running, tier, now, others, spot, team_spend,
-                           late, margin_s, requeue_limit) if evict and stuck else []
+                           late, margin_s) if evict and stuck else []
     kept = len(queue)
     free_now = gpu_slots - sum(r.request.gpus for r in running)
     if kept == 0 and free_now >= release_free_fraction * gpu_slots:
@@ -258,14 +253,13 @@ def pass_now(decision: PlacementDecision) -> bool:
 
 
 def _evictions(placement, site, gpu_slots, stuck, running, tier, now, others, spot, team_spend, late,
-               margin_s: float = 0.0, requeue_limit: int | None = None) -> list[Evict]:
+               margin_s: float = 0.0) -> list[Evict]:
     """Running runs to stop so that stay-at-home runs that would miss their deadline can start now.
 
     Each candidate victim either goes back to the head of its queue here (losing the work since
     its checkpoint and a restart, and waiting out the stay-at-home run — only if its own deadline
     still allows) or resumes where the engine places its remaining work (paying the dearer site).
-    The cheaper way is its cost; victims are taken cheapest first. A victim stopped ``requeue_limit``
-    times already has only the second way.
+    The cheaper way is its cost; victims are taken cheapest first.
     """
     free = gpu_slots - sum(r.request.gpus for r in running)
     here = placement.by_name[site].gpu_hour_price
@@ -279,9 +273,7 @@ def _evictions(placement, site, gpu_slots, stuck, running, tier, now, others, sp
         lost = req.gpus * (victim.since_checkpoint_h + restart_h) * here
         back_by = now + (longest_stuck_h + restart_h + victim.hours_left) * 3600.0
         lost_anyway = req.deadline is not None and now + victim.hours_left * 3600.0 > req.deadline
-        may_requeue = requeue_limit is None or victim.evictions < requeue_limit
-        if may_requeue and (req.deadline is None or back_by <= req.deadline or lost_anyway
-                            or tier[victim.run_id] is QueueTier.late):
+        if req.deadline is None or back_by <= req.deadline or lost_anyway or tier[victim.run_id] is QueueTier.late:
             options.append((lost, victim, None))
             continue
         left = dataclasses.replace(req, run_hours=max(victim.hours_left, 1e-3),

@@ -104,8 +104,6 @@ class Contender:
     urgent_pass: bool = False  # a controller pass as soon as an urgent run is queued, not at the next tick
     #: the policy's ``miss_above_usd`` for onprem_first and deadline_spot (None: as the policy file says)
     miss_above_usd: float | None = None
-    #: evictions after which a stopped run resumes elsewhere, not in this queue (None: no limit; ``plan_bursts``)
-    requeue_limit: int | None = None
 
 
 @dataclass(slots=True)
@@ -212,8 +210,7 @@ def with_miss_value(policy: Policy, miss_above_usd: float | None) -> Policy:
 
 def our_policy(quantile: float = 0.9, stay_reserve: int = 0, evict: bool = True, queue_quantile: float | None = 0.5,
                spot_work: str = "limit", controller_interval_s: float = 600.0, deadline_cap: bool = True,
-               urgent_pass: bool = True, miss_above_usd: float | None = None,
-               requeue_limit: int | None = None) -> Contender:
+               urgent_pass: bool = True, miss_above_usd: float | None = None) -> Contender:
     """Our policy: the policy file's strategies, burst controller (with evictions, and a pass as soon
     as an urgent run is queued), tiered on-prem queues, uniform progress on spot, and the engine's
     history estimates at ``quantile`` for a run itself — at most the time left to its deadline —
@@ -224,7 +221,7 @@ def our_policy(quantile: float = 0.9, stay_reserve: int = 0, evict: bool = True,
         spot_rule=UniformProgress(),
         estimator=lambda q=quantile: HistoryQuantile(quantile=q), queue_quantile=queue_quantile,
         spot_work=spot_work, stay_reserve=stay_reserve, evict=evict, deadline_cap=deadline_cap,
-        urgent_pass=urgent_pass, miss_above_usd=miss_above_usd, requeue_limit=requeue_limit,
+        urgent_pass=urgent_pass, miss_above_usd=miss_above_usd,
     )
 
 
@@ -431,14 +428,11 @@ class Simulation:
         for e, start, est, _ in self.running.values():
             elapsed = (t - start) / 3600.0
             ckpt_h = e.job.checkpoint_interval_s / 3600.0
-            prior = self.prior.get(e.job.id)
             running.append(RunningRun(e.job.id, e.request, remaining_hours(est, e.request.max_run_hours, elapsed),
-                                      e.request.max_run_hours - elapsed, elapsed % ckpt_h, e.tier,
-                                      prior.evictions if prior is not None else 0))
+                                      e.request.max_run_hours - elapsed, elapsed % ckpt_h, e.tier))
         plan = plan_bursts(self.engine, self.sc.onprem, runs, now=t + self.offset, gpu_slots=self.capacity,
                            running=running, reserved_slots=self.reserved, spot=self.spot_outlooks(t),
-                           evict=self.ct.evict, margin_s=self.ct.controller_interval_s,
-                           requeue_limit=self.ct.requeue_limit)
+                           evict=self.ct.evict, margin_s=self.ct.controller_interval_s)
         for ev in plan.evictions:
             self.evict(t, ev.run_id, None if ev.resume_here else (ev.to_site, ev.decision.capacity_class))
         for rid in dict.fromkeys(ev.for_run for ev in plan.evictions):  # in the plan's order

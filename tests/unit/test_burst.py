@@ -73,22 +73,6 @@ def test_a_victim_that_cannot_wait_resumes_elsewhere(engine):
     assert not ev.resume_here and ev.to_site == "cloud-us" and ev.decision.site == "cloud-us"
 
 
-def test_a_run_stopped_often_is_not_queued_here_again(engine):
-    b = req("b", hours=0.5, due_h=1.0, sensitivity=Sensitivity.restricted)
-    running = full_pool(hours_left=5.0)
-    running[3] = RunningRun("cheap", req("cheap", hours=4.0), 5.0, 6.0, 0.0, evictions=2)
-    (ev,) = plan(engine, [b], running).evictions  # no limit: back to this queue, as the first time
-    assert ev.run_id == "cheap" and ev.resume_here
-    (ev,) = plan(engine, [b], running, requeue_limit=3).evictions  # under the limit: the same
-    assert ev.run_id == "cheap" and ev.resume_here
-    (ev,) = plan(engine, [b], running, requeue_limit=2).evictions  # at it: a run not stopped before goes back
-    assert ev.run_id != "cheap" and ev.resume_here
-    often = [RunningRun(r.run_id, r.request, r.hours_left, r.limit_hours_left, r.since_checkpoint_h, evictions=2)
-             for r in running]
-    (ev,) = plan(engine, [b], often, requeue_limit=2).evictions  # all at it: one resumes elsewhere
-    assert ev.run_id == "cheap" and not ev.resume_here and ev.to_site == "cloud-us"
-
-
 def test_stopping_nobody_when_it_would_not_help(engine):
     b = req("b", hours=2.0, due_h=1.0, sensitivity=Sensitivity.restricted)  # late even if started now
     p = plan(engine, [b], full_pool(hours_left=5.0))
