@@ -206,13 +206,9 @@ def stop_postgres(stack: Stack) -> bool:
 # -- Redis ----------------------------------------------------------------------------------------
 
 def redis_ping(stack: Stack) -> bool:
-    import redis
+    from hybridtrain.service.doctor import check_redis
 
-    try:
-        with redis.Redis.from_url(stack.redis_url, socket_timeout=2, socket_connect_timeout=2) as client:
-            return bool(client.ping())
-    except (redis.RedisError, OSError):
-        return False
+    return check_redis(stack).ok
 
 
 def start_redis(stack: Stack) -> None:
