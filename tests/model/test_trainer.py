@@ -8,6 +8,7 @@ import torch
 
 from hybridtrain.errors import DataError, Preempted, SpecError
 from hybridtrain.specs.job import CheckpointSpec
+from hybridtrain.training.checkpoint_writer import CheckpointWriter
 from hybridtrain.training.trainer import epoch_permutation
 from tests.fixtures.training_data import (
     LABEL,
@@ -71,7 +72,8 @@ def test_checkpoints_follow_the_time_interval_on_the_injected_clock(tmp_path):
     assert result.checkpoints_written == len(steps)
 
 
-def test_step_checkpoints_are_spaced_to_keep_their_measured_cost_under_max_overhead(tmp_path, reference, caplog):
+def test_step_checkpoints_are_spaced_to_keep_their_measured_cost_under_max_overhead(tmp_path, reference, caplog,
+                                                                                   monkeypatch):
     store = ckpt_store(tmp_path, keep_last=100)
     save = store.save
 
@@ -82,7 +84,24 @@ def test_step_checkpoints_are_spaced_to_keep_their_measured_cost_under_max_overh
         return save(*args, **kwargs)
 
     store.save = costly_save
-    clock = itertools.count(0, 0.1).__next__  # one call per due step: 0.1 "seconds" every 2 steps
+    writers = []
+    init = CheckpointWriter.__init__
+
+    def recorded_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        writers.append(self)
+
+    monkeypatch.setattr(CheckpointWriter, "__init__", recorded_init)
+    ticks = itertools.count(0, 0.1)
+
+    def clock():  # one call per due step: 0.1 "seconds" every 2 steps
+        # A due step finds the previous write ended, however slowly this host ran it: what spaces
+        # the checkpoints is then their measured cost, not a write still in flight.
+        deadline = time.monotonic() + 30
+        while writers and writers[-1].busy and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return next(ticks)
+
     with caplog.at_level(logging.INFO, logger="hybridtrain.training.trainer"):
         result = trainer(store, CheckpointSpec(interval_steps=2, keep_last=100, max_overhead=0.05)).fit(
             TRAIN, VAL, clock=clock)
