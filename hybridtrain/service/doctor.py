@@ -4,8 +4,8 @@ Checks, in order: PostgreSQL accepts logins; Redis answers; the S3 store answers
 bucket; MLflow's ``/health``; Prefect's ``/api/health`` (the API is up) and ``/api/ready`` (its
 database is reachable); the services process is alive, and each Prefect server service's last report
 (``server_log``) — the API stays healthy while, say, the scheduler fails on every loop; and each work
-pool has an online worker. Plain HTTP
-and a database login: no Prefect import, so it runs where nothing else of the stack is installed.
+pool has an online worker. Plain HTTP, a database login and a Redis ping: no Prefect import, so it
+runs where nothing else of the stack is installed.
 """
 
 from __future__ import annotations
