@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,11 +16,20 @@ class TabularMLP(nn.Module):
     """Linear → ReLU → Dropout per hidden layer, then a linear head with one output.
 
     ``forward`` takes a float tensor of shape (N, n_inputs) and returns logits of shape (N,);
-    apply ``torch.sigmoid`` for probabilities. Weights are initialized from torch's global RNG,
-    so seed it first for a reproducible model.
+    apply ``torch.sigmoid`` for probabilities.
+
+    Its randomness is its own when given a ``generator``: the weights are initialized from it (the
+    draws ``nn.Linear`` makes from torch's global RNG, in the same order), and while training its
+    dropout masks are drawn from ``self.generator``. Several models then train at once in one
+    process (a sweep's trials in threads) each exactly as it would alone; torch's global RNG is
+    shared by every thread. Without one, both come from the global RNG, as in plain torch.
     """
 
-    def __init__(self, n_inputs: int, hidden_layers: Sequence[int], dropout: float = 0.0):
+    #: Where training's dropout masks come from (None: torch's global RNG); on the model's device.
+    generator: torch.Generator | None
+
+    def __init__(self, n_inputs: int, hidden_layers: Sequence[int], dropout: float = 0.0,
+                 generator: torch.Generator | None = None):
         super().__init__()
         if n_inputs < 1:
             raise ValueError(f"n_inputs must be at least 1, got {n_inputs}")
@@ -37,11 +47,16 @@ class TabularMLP(nn.Module):
             width = h
         layers.append(nn.Linear(width, 1))
         self.net = nn.Sequential(*layers)
+        self.generator = generator
+        if generator is not None:
+            for layer in self.net:
+                if isinstance(layer, nn.Linear):
+                    _reset_linear(layer, generator)
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, n_inputs: int) -> TabularMLP:
+    def from_spec(cls, spec: ModelSpec, n_inputs: int, generator: torch.Generator | None = None) -> TabularMLP:
         """The network a job spec's ``model`` section describes, for ``n_inputs`` features."""
-        return cls(n_inputs, spec.hidden_layers, spec.dropout)
+        return cls(n_inputs, spec.hidden_layers, spec.dropout, generator)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> TabularMLP:
@@ -53,4 +68,25 @@ class TabularMLP(nn.Module):
         return {"n_inputs": self.n_inputs, "hidden_layers": list(self.hidden_layers), "dropout": self.dropout}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.generator is not None and self.dropout > 0:
+            return self._forward_own_dropout(x)
         return self.net(x).squeeze(-1)
+
+    @torch.jit.unused  # training only: a scripted (exported) model runs the plain path
+    def _forward_own_dropout(self, x: torch.Tensor) -> torch.Tensor:
+        keep = 1.0 - self.dropout
+        for layer in self.net:
+            if isinstance(layer, nn.Dropout):
+                x = x * torch.empty_like(x).bernoulli_(keep, generator=self.generator).div_(keep)
+            else:
+                x = layer(x)
+        return x.squeeze(-1)
+
+
+def _reset_linear(layer: nn.Linear, generator: torch.Generator) -> None:
+    """``nn.Linear.reset_parameters``, drawing from ``generator`` instead of the global RNG."""
+    nn.init.kaiming_uniform_(layer.weight, a=math.sqrt(5), generator=generator)
+    if layer.bias is not None:
+        fan_in, _ = nn.init._calculate_fan_in_and_fan_out(layer.weight)
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        nn.init.uniform_(layer.bias, -bound, bound, generator=generator)

@@ -42,9 +42,10 @@ Checkpoints are asynchronous (``hybridtrain.training.checkpoint_writer``): a ste
 in-memory snapshot of the state, which a background thread serializes, hashes and stores; that
 wait is the "write time" above. Preemption and the end of training wait for the write in flight.
 
-The trainer seeds the process-wide torch, numpy and ``random`` generators (module weight
-initialization and dropout draw from torch's global generator) and sets torch's CPU thread
-count for the duration of ``fit``. It installs no signal handlers and imports no tracking
+The model's weight initialization and dropout masks draw from generators of its own, seeded with
+the spec's seed and saved in each checkpoint, so fits running at once in one process (a sweep's
+trials in threads) each train exactly as alone. The trainer also seeds the process-wide torch,
+numpy and ``random`` generators and sets torch's CPU thread count for the duration of ``fit``. It installs no signal handlers and imports no tracking
 client: callers observe it through ``on_epoch`` and ``should_stop``.
 
 Longer than most modules on purpose: the training loop, its checkpoints, resume and rank handling are one piece of state.
@@ -169,12 +170,24 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(epoch_seed))
 
 
-def _capture_rng(device: torch.device) -> dict[str, Any]:
+def _model_generator(seed: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
+    """(initialization, dropout) generators of a model trained on ``device``, seeded with ``seed``.
+
+    On the CPU one generator draws both, in the order the global RNG did before models had their
+    own, so a run alone gives the same weights as then; on a GPU the masks come from a generator on
+    that device, as they came from its global one.
+    """
+    init = torch.Generator().manual_seed(seed)
+    return init, init if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed)
+
+
+def _capture_rng(device: torch.device, dropout: torch.Generator) -> dict[str, Any]:
     # numpy's and random's 624-word states become int64 tensors: loadable with
     # torch.load(weights_only=True), and one object to pickle each instead of 625 ints.
     name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     version, internal, gauss_next = random.getstate()
     state: dict[str, Any] = {
+        "dropout": dropout.get_state(),
         "torch": torch.get_rng_state(),
         "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
@@ -191,7 +204,14 @@ def _ints(words: torch.Tensor | list[int]) -> list[int]:
     return words.tolist() if isinstance(words, torch.Tensor) else list(words)
 
 
-def _restore_rng(state: dict[str, Any], device: torch.device) -> None:
+def _restore_rng(state: dict[str, Any], device: torch.device, dropout: torch.Generator) -> None:
+    # A checkpoint from before models had their own generator: their masks came from the global one.
+    if "dropout" in state:
+        dropout.set_state(state["dropout"])
+    elif device.type == "cpu":
+        dropout.set_state(state["torch"])
+    elif "cuda" in state and device.index is not None and device.index < len(state["cuda"]):
+        dropout.set_state(state["cuda"][device.index])
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     np.random.set_state((n["name"], np.asarray(_ints(n["keys"]), dtype=np.uint32), n["pos"], n["has_gauss"],
@@ -364,14 +384,18 @@ class Trainer:
         x_val = featurizer.transform(val, dataset="val")
         fingerprint = _fingerprint(x_train, y_train)
 
-        model = TabularMLP.from_spec(spec, featurizer.n_features).to(device)
+        # Its own generators, not torch's global one: a fit beside others in this process (a sweep's
+        # trials in threads) draws the same initial weights and dropout masks as it would alone.
+        init_generator, dropout_generator = _model_generator(spec.seed, device)
+        model = TabularMLP.from_spec(spec, featurizer.n_features, generator=init_generator).to(device)
+        model.generator = dropout_generator
         optimizer = torch.optim.Adam(model.parameters(), lr=spec.learning_rate, weight_decay=spec.weight_decay)
         progress = _Progress()
         if state is not None:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             progress = _Progress.from_state(state["progress"])
-            _restore_rng(state["rng"], device)  # every rank restores rank 0's states
+            _restore_rng(state["rng"], device, dropout_generator)  # every rank restores rank 0's states
             if state["train_sha256"] != fingerprint:
                 log.warning(
                     "job %s resumes from %s on different training rows than it started with; training "
@@ -410,7 +434,7 @@ class Trainer:
                 "optimizer": optimizer.state_dict(),
                 "featurizer": featurizer.to_dict(),
                 "progress": progress.to_state(),
-                "rng": _capture_rng(device),
+                "rng": _capture_rng(device, dropout_generator),
                 "train_sha256": fingerprint,
             }
             writer.submit(ckpt, progress.global_step, keep_last=cp.keep_last)
@@ -531,6 +555,7 @@ class Trainer:
         last_info = stored()
         seconds = clock() - started
         model = model.to("cpu").eval()
+        model.generator = None  # training's state, not the model's: what callers save or export is plain
         return TrainResult(
             model=model,
             featurizer=featurizer,

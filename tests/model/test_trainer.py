@@ -1,5 +1,6 @@
 import itertools
 import logging
+import threading
 import time
 
 import numpy as np
@@ -8,6 +9,7 @@ import torch
 
 from hybridtrain.errors import DataError, Preempted, SpecError
 from hybridtrain.specs.job import CheckpointSpec
+from hybridtrain.training import trainer as trainer_module
 from hybridtrain.training.checkpoint_writer import CheckpointWriter
 from hybridtrain.training.trainer import epoch_permutation
 from tests.fixtures.training_data import (
@@ -162,6 +164,49 @@ def test_twice_preempted_run_still_bit_identical(tmp_path, reference):
     assert_same_weights(resumed.model, reference[0].model)
 
 
+def test_fits_at_once_in_threads_each_train_exactly_as_alone(tmp_path, reference):
+    # A sweep's inline trials train in threads of one process; torch's global RNG is shared by them.
+    assert SPEC.dropout > 0  # dropout masks are drawn on every step
+    results, errors = {}, []
+
+    def fit(i: int) -> None:
+        try:
+            results[i] = trainer(ckpt_store(tmp_path / str(i))).fit(TRAIN, VAL)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fit, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(results) == 3, errors
+    for result in results.values():
+        assert_same_weights(result.model, reference[0].model)
+        assert result.history == reference[0].history
+        assert result.model.generator is None  # what callers save or export holds no training state
+
+
+def test_a_checkpoint_from_before_models_had_their_own_generator_resumes_bit_identical(tmp_path, reference,
+                                                                                       monkeypatch):
+    # Such a checkpoint holds no "dropout" state: its masks came from torch's global generator, saved as "torch".
+    capture = trainer_module._capture_rng
+
+    def old_format(device, dropout):
+        state = capture(device, dropout)
+        state["torch"] = state.pop("dropout")
+        return state
+
+    store = ckpt_store(tmp_path)
+    with monkeypatch.context() as m:
+        m.setattr(trainer_module, "_capture_rng", old_format)
+        with pytest.raises(Preempted):
+            trainer(store).fit(TRAIN, VAL, should_stop=stop_after(23))
+    resumed = trainer(store).fit(TRAIN, VAL)
+    assert resumed.resumed_from_step == 23
+    assert_same_weights(resumed.model, reference[0].model)
+
+
 def test_resume_after_finished_run_returns_the_same_model_without_training(tmp_path, reference):
     store = ckpt_store(tmp_path)
     trainer(store).fit(TRAIN, VAL)
@@ -272,7 +317,6 @@ def test_missing_feature_column_is_a_data_error_naming_it(tmp_path):
 def test_checkpoint_state_is_weights_only_and_restores_numpy_and_python_rngs(tmp_path):
     import random
 
-    from hybridtrain.training import trainer as trainer_module
     store = ckpt_store(tmp_path)
     with pytest.raises(Preempted):
         trainer(store).fit(TRAIN, VAL, should_stop=stop_after(3))
@@ -286,8 +330,10 @@ def test_checkpoint_state_is_weights_only_and_restores_numpy_and_python_rngs(tmp
     expected = (np.random.rand(3).tolist(), [random.random() for _ in range(3)])
     np.random.seed(0)
     random.seed(0)
-    trainer_module._restore_rng(state["rng"], torch.device("cpu"))
+    dropout = torch.Generator()
+    trainer_module._restore_rng(state["rng"], torch.device("cpu"), dropout)
     assert (np.random.rand(3).tolist(), [random.random() for _ in range(3)]) == expected
+    assert torch.equal(dropout.get_state(), state["rng"]["dropout"])
 
 
 def test_training_modules_import_no_tracking_or_orchestration_client():
