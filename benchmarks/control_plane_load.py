@@ -285,6 +285,7 @@ def main() -> int:
                     help="Niceness of the site pools' workers and runs on the stack it starts (default: the stack's).")
     ap.add_argument("--api-workers", type=int, help="Prefect API processes of the stack it starts (default: the stack's).")
     ap.add_argument("--site-query-seconds", type=float, help="Site pools' worker poll interval (default: the stack's).")
+    ap.add_argument("--site-cpus", help="CPUs of the site pools' workers and runs, e.g. 1 (default: the stack's).")
     args = ap.parse_args()
 
     from hybridtrain.service.stack import Stack
@@ -301,6 +302,7 @@ def main() -> int:
     nice = ["--site-nice", str(args.site_nice)] if args.site_nice is not None else []
     nice += ["--api-workers", str(args.api_workers)] if args.api_workers is not None else []
     nice += ["--site-query-seconds", str(args.site_query_seconds)] if args.site_query_seconds is not None else []
+    nice += ["--site-cpus", args.site_cpus] if args.site_cpus is not None else []
     if own:
         stack_cmd(root, "up", "--no-doctor", *nice, *(["--no-workers"] if args.restart else []))
     stack = Stack.load(root)
@@ -376,6 +378,7 @@ def main() -> int:
         "restart": args.restart, "stopped_early": stopped.is_set() or time.monotonic() >= deadline,
         "never_started": len(never_started), "cpus": os.cpu_count(), "load_at_start": load_at_start,
         "site_nice": stack.site_nice, "api_workers": stack.api_workers, "site_query_seconds": stack.site_query_seconds,
+        "site_cpus": stack.site_cpus,
         "load_at_end": [round(x, 1) for x in os.getloadavg()],
     }
     if args.json:
@@ -389,7 +392,8 @@ def main() -> int:
     for name, row in result["api_by_call"].items():
         print(f"  {name:24} under load p50 {row['load_p50_ms']} ms, p99 {row['load_p99_ms']} ms, "
               f"{row['over_500_ms']} of {row['samples']} over 500 ms (idle p99 {row['idle_p99_ms']} ms)")
-    print(f"machine: {os.cpu_count()} CPUs, site pools at niceness {stack.site_nice}, {stack.api_workers} Prefect API "
+    pinned = f" on CPUs {','.join(map(str, stack.site_cpus))}" if stack.site_cpus else ""
+    print(f"machine: {os.cpu_count()} CPUs, site pools at niceness {stack.site_nice}{pinned}, {stack.api_workers} Prefect API "
           f"process(es) and the services apart, site workers polling every {stack.site_query_seconds:g} s, load average "
           f"{load_at_start} at the start, {result['load_at_end']} at the end")
     print(f"every run terminal: {not lost}; stuck RUNNING: {len(stuck)}; duplicated trainings: "

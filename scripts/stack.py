@@ -88,15 +88,19 @@ def pid_of(stack: Stack, name: str) -> int | None:
     return pid if process_alive(pid) else None
 
 
-def spawn(stack: Stack, name: str, cmd: list[str], env: dict[str, str], nice: int = 0) -> subprocess.Popen:
+def spawn(stack: Stack, name: str, cmd: list[str], env: dict[str, str], nice: int = 0,
+          cpus: list[int] | None = None) -> subprocess.Popen:
     """Start ``cmd`` in its own session (so `down` can stop it with everything it started), ``nice`` lower in
-    CPU priority (inherited by what it starts)."""
+    CPU priority and on ``cpus`` only (None: all), both inherited by what it starts."""
     stack.logs.mkdir(parents=True, exist_ok=True)
     stack.run_dir.mkdir(parents=True, exist_ok=True)
     log = stack.logs / f"{name}.log"
+    if nice:
+        cmd = ["nice", "-n", str(nice), *cmd]
+    if cpus is not None:
+        cmd = ["taskset", "--cpu-list", ",".join(map(str, cpus)), *cmd]  # util-linux, beside nice (coreutils)
     with open(log, "ab") as fh:
-        proc = subprocess.Popen(["nice", "-n", str(nice), *cmd] if nice else cmd, cwd=stack.root,
-                                env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=stack.root, env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     (stack.run_dir / f"{name}.pid").write_text(str(proc.pid))
     return proc
@@ -398,7 +402,7 @@ def start_workers(stack: Stack) -> int:
             sock = stack.warm_socket(pool)
             sock.parent.mkdir(parents=True, exist_ok=True)
             sock.parent.chmod(0o700)
-            proc = spawn(stack, name, cmd, stack.worker_env(pool), stack.nice_of(pool))
+            proc = spawn(stack, name, cmd, stack.worker_env(pool), stack.nice_of(pool), stack.cpus_of(pool))
             wait_for(f"warm pool {pool}", sock.exists, proc, stack.logs / f"{name}.log", timeout=120)
     limits = pool_limits(stack)
     cmds = stack.worker_cmds(limits)
@@ -406,7 +410,7 @@ def start_workers(stack: Stack) -> int:
         if pid_of(stack, name):
             continue
         pool = name.split("-")[1]
-        spawn(stack, name, cmd, stack.worker_env(pool), stack.nice_of(pool))
+        spawn(stack, name, cmd, stack.worker_env(pool), stack.nice_of(pool), stack.cpus_of(pool))
         started.append(name)
     names = ", ".join(f"{n} (--limit {c[c.index('--limit') + 1]})" if "--limit" in c else n for n, c in cmds.items())
     say(f"workers: {names}" + (f" ({len(started)} started)" if started else " (running)"))
@@ -432,6 +436,28 @@ def doctor(stack: Stack) -> int:
                           cwd=stack.root, env=env).returncode
 
 
+def cpu_list(text: str) -> list[int]:
+    """``--site-cpus``: ``all`` (``[]``: no pinning), or CPU numbers and ranges (``1``, ``2-7,9``) this process
+    may run on, leaving at least one of them to the control plane."""
+    usable = sorted(os.sched_getaffinity(0))
+    shown = ",".join(map(str, usable))
+    if text.strip().lower() == "all":
+        return []
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a CPU list: give numbers and ranges such as 1 or "
+                                             f"2-7,9 (this host's CPUs: {shown})")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    if not cpus or not cpus <= set(usable):
+        raise argparse.ArgumentTypeError(f"{text!r} names CPUs this host does not have: pick from {shown}")
+    if cpus == set(usable):
+        raise argparse.ArgumentTypeError(f"{text!r} is every CPU, which leaves the control plane none of its own: "
+                                         f"pick fewer of {shown}, or `all` for no pinning")
+    return sorted(cpus)
+
+
 # -- commands -------------------------------------------------------------------------------------
 
 def resolve(args: argparse.Namespace) -> Stack:
@@ -450,7 +476,10 @@ def resolve(args: argparse.Namespace) -> Stack:
                                  "workers_per_pool": args.workers_per_pool,
                                  "worker_query_seconds": args.worker_query_seconds,
                                  "site_query_seconds": args.site_query_seconds,
-                                 "warm_spares": args.warm_spares, "site_nice": args.site_nice}.items() if v is not None}
+                                 "warm_spares": args.warm_spares, "site_nice": args.site_nice,
+                                 "site_cpus": args.site_cpus}.items() if v is not None}
+    if changes.get("site_cpus") == []:  # `--site-cpus all`
+        changes["site_cpus"] = None
     if changes and args.command == "up":
         stack = stack.model_copy(update=changes)
     return stack
@@ -581,6 +610,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--site-nice", type=int, choices=range(20), metavar="0-19",
                     help="CPU niceness of the site pools' workers and their runs (default 10: the control plane "
                          "keeps the CPU it needs on a shared host; 0: equal shares).")
+    ap.add_argument("--site-cpus", type=cpu_list, metavar="LIST",
+                    help="CPUs the site pools' workers and their runs may use, e.g. 1 or 2-7,9 (default: all; "
+                         "`all` undoes an earlier setting). Leave the control plane a core of its own on a shared host.")
     ap.add_argument("--no-deploy", action="store_true", help="Skip `hybridtrain deploy`.")
     ap.add_argument("--no-workers", action="store_true", help="Start no workers.")
     ap.add_argument("--no-doctor", action="store_true", help="Skip the final `hybridtrain doctor`.")

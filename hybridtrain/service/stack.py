@@ -82,6 +82,10 @@ class Stack(BaseModel):
         10, ge=0, le=19, description="CPU niceness of the site pools' workers and warm spares, inherited by the runs "
         "they start: on a host shared with the control plane (Prefect API and scheduler, PostgreSQL, MLflow, the "
         "control pool), training yields the CPU to it instead of starving it. 0: equal shares.")
+    site_cpus: list[int] | None = Field(
+        None, description="CPUs the site pools' workers and warm spares may run on, inherited by the runs they start "
+        "(None: all). On a host shared with the control plane, leaving it a core of its own keeps training off the "
+        "CPU the Prefect API and PostgreSQL answer on, as separate hosts would.")
     pg_bin: str = Field(description="Directory of the PostgreSQL server binaries (initdb, pg_ctl).")
     pg_os_user: str | None = Field(
         None, description="OS user that runs PostgreSQL when started as root (it refuses to run as root).")
@@ -297,6 +301,10 @@ class Stack(BaseModel):
     def nice_of(self, pool: str) -> int:
         """The niceness ``up`` starts ``pool``'s worker and warm-pool processes with (the control pool: 0)."""
         return 0 if pool == self.control_pool else self.site_nice
+
+    def cpus_of(self, pool: str) -> list[int] | None:
+        """The CPUs ``up`` pins ``pool``'s worker and warm-pool processes to (None: all; the control pool: all)."""
+        return None if pool == self.control_pool else self.site_cpus
 
     def warm_cmds(self) -> dict[str, list[str]]:
         """Name -> command of each pool's warm-pool daemon (none when ``warm_spares`` is 0)."""

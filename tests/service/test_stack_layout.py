@@ -140,3 +140,59 @@ def test_a_stack_saved_before_redis_loads_and_the_doctor_asks_for_an_up(tmp_path
     assert old.redis_port is None and old.prefect_port == PORTS["prefect"]
     finding = check_redis(old)
     assert not finding.ok and "run `make up`" in finding.detail
+
+
+@pytest.fixture(scope="module")
+def stack_script():
+    import importlib.util
+
+    from tests.fixtures.workspaces import ROOT
+
+    spec = importlib.util.spec_from_file_location("stack_script_layout", ROOT / "scripts" / "stack.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_site_pools_run_on_the_site_cpus_and_what_they_start_inherits_them(tmp_path, stack_script):
+    usable = sorted(os.sched_getaffinity(0))
+    assert len(usable) >= 2, "the test pins to a CPU subset"
+    stack = Stack.create(tmp_path, PORTS, is_root=False, pg_bin="/x", site_cpus=usable[-1:])
+    assert [stack.cpus_of(p) for p in stack.worker_pools] == [usable[-1:]] * len(stack.pools) + [None]
+    # A worker stand-in that starts a run stand-in, which reports where it may run.
+    child = "import os; print(sorted(os.sched_getaffinity(0)))"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}], check=True)"
+    pool = stack.pools[0]
+    proc = stack_script.spawn(stack, "probe", [sys.executable, "-c", parent], {}, stack.nice_of(pool),
+                              stack.cpus_of(pool))
+    assert proc.wait(timeout=60) == 0
+    assert (stack.logs / "probe.log").read_text().strip() == str(usable[-1:])
+    unpinned = stack_script.spawn(stack, "probe-control", [sys.executable, "-c", child], {}, 0,
+                                  stack.cpus_of(stack.control_pool))
+    assert unpinned.wait(timeout=60) == 0
+    assert (stack.logs / "probe-control.log").read_text().strip() == str(usable)
+
+
+def test_a_site_cpu_list_is_checked_against_the_host(stack_script):
+    import argparse
+
+    usable = sorted(os.sched_getaffinity(0))
+    shown = ",".join(map(str, usable))
+    assert stack_script.cpu_list(str(usable[-1])) == [usable[-1]]
+    assert stack_script.cpu_list("all") == []
+    for text, says in [("x", "is not a CPU list"), (str(max(usable) + 1), f"does not have: pick from {shown}"),
+                       (f"{usable[0]}-{usable[-1]}", "leaves the control plane none of its own"), ("1-", "not a CPU list")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=says):
+            stack_script.cpu_list(text)
+
+
+def test_up_with_cpus_the_host_lacks_is_one_line_before_anything_starts(tmp_path):
+    from tests.fixtures.workspaces import ROOT
+
+    bad = str(max(os.sched_getaffinity(0)) + 1)
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "stack.py"), "up", "--site-cpus", bad, "--home",
+                          str(tmp_path)], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2
+    errors = [line for line in out.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "--site-cpus" in errors[0] and "does not have" in errors[0], out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / ".hybridtrain").exists()
