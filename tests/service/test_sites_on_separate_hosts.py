@@ -8,6 +8,12 @@ and runs `hybridtrain deploy --code-repo file://...`; each site starts `hybridtr
 POOL --home ROOT`. The lifecycle, triggered through the API, prepares the data on-prem, syncs the
 approved version to the cloud store, trains at the cloud site and promotes into the shared MLflow.
 
+The job needs two nodes, so the cloud site's worker starts two instances through the EC2 API (the
+stack's moto server, the same one that serves S3) and trains on them with torchrun over SSH. As in
+``tests/fixtures/cloud_fleet``, the instances' addresses are loopback ones where one real sshd
+answers with the image's host key; the site's SSH key reaches the worker the user's way, through
+``hybridtrain credentials`` (a Secret block on the served Prefect).
+
 The sites run the committed HEAD (what the pull step fetches into each run's directory), not uncommitted edits.
 """
 
@@ -28,13 +34,16 @@ import yaml
 from hybridtrain.drill.processes import stop_with_children
 from hybridtrain.drill.timeline import wait_until
 from hybridtrain.service.stack import Stack
+from tests.fixtures.cloud_fleet import ADDRESSES, Ec2Env, Hypervisor
 from tests.fixtures.prefect_api import prefect_api_at
+from tests.fixtures.processes import start_sshd, stop_sshd
 from tests.fixtures.workspaces import ROOT, spec_writer
 from tests.service.conftest import stack_cli
 
 pytestmark = pytest.mark.slow
 LIFECYCLE = "training-lifecycle/churn-nightly-cloud-eu"
 CLOUD_BUCKET = "cloud-eu-store"
+EC2_REGION = "eu-west-1"
 RUN_TIMEOUT_S = 900  # bounds a wait; ~2 min on a quiet 2-core host
 
 
@@ -66,14 +75,38 @@ def finished(proc: subprocess.Popen, log: Path, timeout: float = 600) -> str:
     return log.read_text()
 
 
-def use_cloud_s3_store(root: Path, stack: Stack) -> None:
-    """The site's sites catalog with the cloud site's store on the S3 server (a local one is per root)."""
+def use_cloud_s3_store(root: Path, stack: Stack, instances: dict) -> None:
+    """The site's sites catalog with the cloud site's store on the S3 server (a local one is per root), and the
+    ``instances:`` block that has it start its machines through the EC2 API."""
     path = root / "deployments" / "sites.yaml"
     data = yaml.safe_load(path.read_text())
     for site in data["sites"]:
         if site["name"] == "cloud-eu":
             site["store"] = {"kind": "s3", "bucket": CLOUD_BUCKET, "endpoint_url": stack.s3_url}
+            site["instances"] = instances
     path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def image_sshd(tmp_path_factory):
+    """One OpenSSH server answering at every address moto gives an instance, with the "image's" host key."""
+    d = tmp_path_factory.mktemp("sshd-image")
+    proc, server = start_sshd(d, addresses=ADDRESSES)
+    try:
+        yield server, " ".join((d / "host_key.pub").read_text().split()[:2])
+    finally:
+        stop_sshd(proc)
+
+
+def cloud_fleet(stack: Stack) -> Ec2Env:
+    """A VPC and a subnet on 127.0.0.0/24 on the stack's moto server: its instances get loopback addresses."""
+    import boto3
+
+    client = boto3.client("ec2", endpoint_url=stack.s3_url, region_name=EC2_REGION, aws_access_key_id="testing",
+                          aws_secret_access_key="testing")
+    vpc = client.create_vpc(CidrBlock="127.0.0.0/16")["Vpc"]["VpcId"]
+    subnet = client.create_subnet(VpcId=vpc, CidrBlock="127.0.0.0/24")["Subnet"]["SubnetId"]
+    return Ec2Env(url=stack.s3_url, client=client, subnet_id=subnet)
 
 
 def digests(top: Path) -> dict[str, Path]:
@@ -95,7 +128,8 @@ def control_plane() -> Iterator[tuple[Stack, Path]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_a_lifecycle_runs_across_sites_that_share_no_checkout(control_plane):
+def test_a_lifecycle_runs_across_sites_that_share_no_checkout_and_trains_on_two_cloud_instances(
+        control_plane, image_sshd):
     import boto3
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
@@ -110,6 +144,14 @@ def test_a_lifecycle_runs_across_sites_that_share_no_checkout(control_plane):
     from orchestration.dispatch import workers_online
 
     stack, base = control_plane
+    server, host_key = image_sshd
+    fleet = cloud_fleet(stack)
+    instances_dir = base / "instances"  # each instance's workdir, {instance_id}, is a directory of its own here
+    instances = {"region": EC2_REGION, "endpoint_url": stack.s3_url, "image_id": "ami-12c6146b",
+                 "instance_type": "c5.large", "subnet_id": fleet.subnet_id, "username": server.host.username,
+                 "port": server.host.port, "workdir": f"{instances_dir}/{{instance_id}}", "python": sys.executable,
+                 "host_key": host_key, "max_instances": 4, "boot_timeout_s": 60, "connect_timeout_s": 3,
+                 "command_timeout_s": 20, "reconnect_s": 30}
     bare = base / "hybridtrain.git"
     git("init", "-q", "--bare", str(bare))
     git("push", "-q", str(bare), "HEAD:refs/heads/main", cwd=ROOT)
@@ -118,20 +160,27 @@ def test_a_lifecycle_runs_across_sites_that_share_no_checkout(control_plane):
     onprem, cloud = base / "onprem-gateway", base / "cloud-node"
     for root in (onprem, cloud):
         git("clone", "-q", f"file://{bare}", str(root))
-        use_cloud_s3_store(root, stack)
+        use_cloud_s3_store(root, stack, instances)
     boto3.client("s3", endpoint_url=stack.s3_url, aws_access_key_id="testing", aws_secret_access_key="testing",
                  region_name="us-east-1").create_bucket(Bucket=CLOUD_BUCKET)
 
     # At once: the gateway generates the raw data into its own store and deploys (the pools' deployments clone
     # the code from the bare repository); each site starts its worker from its own root.
-    logs = {name: base / f"{name}.log" for name in ("data", "deploy", "worker-onprem", "worker-cloud")}
+    logs = {name: base / f"{name}.log" for name in ("data", "deploy", "worker-onprem", "worker-cloud", "ssh-key")}
+    # The cloud site's operator stores the instances' SSH key in the site's block (the image's host key is pinned).
+    key = base / "instances_key"
+    key.write_text(server.private_key)
+    key.chmod(0o600)
+    finished(start_cli(stack, cloud, logs["ssh-key"], "credentials", "cloud-eu", "--ssh-key", str(key)),
+             logs["ssh-key"])
+    key.unlink()
     workers = [start_cli(stack, root, logs[f"worker-{pool}"], "worker", "--pool", pool)
                for pool, root in (("onprem", onprem), ("cloud", cloud))]
     data = start_cli(stack, onprem, logs["data"], "data", "generate", "--rows", "2000", "--pin", "jobs/churn.yaml")
     deploy = start_cli(stack, onprem, logs["deploy"], "deploy", "--code-repo", f"file://{bare}")
     try:
         finished(data, logs["data"])
-        spec_writer(onprem)("sites-e2e", model__epochs=2)
+        spec_writer(onprem)("sites-e2e", model__epochs=2, resources__nodes=2)
         deployed = finished(deploy, logs["deploy"])
         assert f"pool cloud: workers clone commit {sha}" in deployed, deployed
         with prefect_api_at(stack.prefect_api):
@@ -143,8 +192,9 @@ def test_a_lifecycle_runs_across_sites_that_share_no_checkout(control_plane):
                 every=1.0)
             assert all(w.poll() is None for w in workers), logs["worker-onprem"].read_text()[-3000:] + \
                 logs["worker-cloud"].read_text()[-3000:]
-            run = run_deployment(LIFECYCLE, parameters={"spec_path": "jobs/sites-e2e.yaml"},
-                                 timeout=RUN_TIMEOUT_S, poll_interval=1)
+            with Hypervisor(fleet, lambda i: instances_dir / i):
+                run = run_deployment(LIFECYCLE, parameters={"spec_path": "jobs/sites-e2e.yaml"},
+                                     timeout=RUN_TIMEOUT_S, poll_interval=1)
             tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in logs.values())
             assert run.state is not None and run.state.is_completed(), f"{run.state}\n{tails}"
             with get_client(sync_client=True) as client:
@@ -176,6 +226,13 @@ def test_a_lifecycle_runs_across_sites_that_share_no_checkout(control_plane):
                                                                                 for v in versions]
     # The gateway's commit (marked -dirty: its sites catalog and pinned job spec are local edits).
     assert versions[0].tags["hybridtrain.code_version"].startswith(sha)
+    # Trained on two instances the cloud site's worker started, each with its own copy of the data; both are gone.
+    trained = mlflow.get_run(versions[0].run_id).data.tags
+    started = trained["cloud.instances"].split(",")
+    assert len(started) == 2 and fleet.states() == dict.fromkeys(started, "terminated"), (trained, fleet.states())
+    assert fleet.tags(started[0])["hybridtrain:mlflow-run"] == versions[0].run_id
+    for instance in started:
+        assert (instances_dir / instance / "data-copy").is_dir()
 
     # Raw and curated data never reached the cloud root; the approved data did (so the walk sees synced files).
     on_data = onprem / "data"
@@ -184,13 +241,13 @@ def test_a_lifecycle_runs_across_sites_that_share_no_checkout(control_plane):
     assert private and approved
     pii = (on_data / "raw" / "churn.csv").read_text().splitlines()[1].split(",")[2].strip().encode()  # an email
     seen_approved = []
-    for path in (p for p in cloud.rglob("*") if p.is_file()):
+    for path in (p for top in (cloud, instances_dir) for p in top.rglob("*") if p.is_file()):
         content = path.read_bytes()
         md5 = hashlib.md5(content).hexdigest()
         assert md5 not in private, f"{path} under the cloud root holds {private[md5]} of the on-prem site"
-        assert path.name != "churn.csv" and "curated" not in path.relative_to(cloud).parts, path
+        assert path.name != "churn.csv" and "curated" not in path.parts, path
         assert pii not in content, f"{path} under the cloud root holds raw personal data"
         if md5 in approved:
             seen_approved.append(path)
-    assert seen_approved, "the approved data synced to the cloud site was not found under its root"
+    assert seen_approved, "the approved data synced to the cloud site was not found under its root or instances"
     assert not (cloud / ".hybridtrain" / "stores" / "onprem-dc1").exists()
