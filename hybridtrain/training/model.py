@@ -25,9 +25,6 @@ class TabularMLP(nn.Module):
     shared by every thread. Without one, both come from the global RNG, as in plain torch.
     """
 
-    #: Where training's dropout masks come from (None: torch's global RNG); on the model's device.
-    generator: torch.Generator | None
-
     def __init__(self, n_inputs: int, hidden_layers: Sequence[int], dropout: float = 0.0,
                  generator: torch.Generator | None = None):
         super().__init__()
@@ -47,6 +44,8 @@ class TabularMLP(nn.Module):
             width = h
         layers.append(nn.Linear(width, 1))
         self.net = nn.Sequential(*layers)
+        # Where training's dropout masks come from (None: torch's global RNG); on the model's device. Not annotated
+        # in the class: TorchScript (edge export) reads class annotations and has no type for an optional Generator.
         self.generator = generator
         if generator is not None:
             for layer in self.net:
@@ -72,8 +71,10 @@ class TabularMLP(nn.Module):
             return self._forward_own_dropout(x)
         return self.net(x).squeeze(-1)
 
-    @torch.jit.unused  # training only: a scripted (exported) model runs the plain path
-    def _forward_own_dropout(self, x: torch.Tensor) -> torch.Tensor:
+    # Training only: a scripted (exported) model runs the plain path. Unannotated: TorchScript still reads an
+    # unused method's signature, and cannot resolve this module's postponed (string) annotations there.
+    @torch.jit.unused
+    def _forward_own_dropout(self, x):
         keep = 1.0 - self.dropout
         for layer in self.net:
             if isinstance(layer, nn.Dropout):

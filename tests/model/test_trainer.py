@@ -345,3 +345,13 @@ def test_training_modules_import_no_tracking_or_orchestration_client():
         "bad = [m for m in ('mlflow', 'prefect') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_trained_model_scripts_for_edge_export_and_answers_the_same(reference):
+    # Edge export (torch.jit.script) reads the model's methods, the training-only dropout path included.
+    model = reference[0].model
+    x = torch.randn(5, model.n_inputs)
+    scripted = torch.jit.script(model)
+    assert torch.equal(scripted(x), model(x))
+    seeded = type(model)(model.n_inputs, model.hidden_layers, model.dropout, torch.Generator().manual_seed(1))
+    assert torch.jit.script(seeded.eval())(x).shape == (5,)
