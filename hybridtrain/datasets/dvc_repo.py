@@ -253,7 +253,7 @@ class DvcRepo:
                     version.path,
                     [Problem(version.path, f"version {version.md5} could not be fetched from remote "
                                            f"{remote or '(default)'}: {exc}. Push it there first "
-                                           "(`dvc push -r REMOTE {version.path}`; for the churn sample, "
+                                           f"(`dvc push -r {remote or 'REMOTE'} {version.path}`; for the churn sample, "
                                            "`hybridtrain data generate`) or pin a version that exists.")],
                 ) from None
         return self.root / version.path

@@ -46,9 +46,9 @@ from pydantic import BaseModel
 import hybridtrain
 from hybridtrain.datasets import partitioned
 from hybridtrain.datasets.dvc_repo import DvcRepo
-from hybridtrain.errors import EXIT_PREEMPTED, HybridtrainError, Preempted
+from hybridtrain.errors import EXIT_PREEMPTED, HybridtrainError, Preempted, Problem, SpecError
 from hybridtrain.remote.job_bundle import JobBundle
-from hybridtrain.specs.sites import CHECKPOINT_SUBDIR, DVC_SUBDIR
+from hybridtrain.specs.sites import CHECKPOINT_SUBDIR, DVC_SUBDIR, S3Store, Site
 from hybridtrain.storage import open_store
 from hybridtrain.training.checkpoint import CheckpointInfo, CheckpointStore
 from hybridtrain.training.distributed import Distributed
@@ -95,6 +95,7 @@ def materialize(bundle: JobBundle, ddp: Distributed | None, say: Callable[[str],
     site = bundle.site
     copy = Path(bundle.workdir) / DATA_COPY
     if ddp is None or ddp.local_rank == 0:  # one fetch per host: the nodes of a multi-node job each need a copy
+        check_store_credentials(site)
         say(f"{PREFIX} fetching {bundle.approved.path} {bundle.approved.short} from the store of site {site.name}")
         repo = DvcRepo.ensure(copy, {site.dvc_remote: site.dvc_remote_config(Path(bundle.workdir), DVC_SUBDIR)},
                               default_remote=site.dvc_remote, scm=False,
@@ -103,6 +104,23 @@ def materialize(bundle: JobBundle, ddp: Distributed | None, say: Callable[[str],
     if ddp is not None:
         ddp.barrier()  # the other ranks read only once rank 0 has the data in place
     return copy / bundle.approved.path
+
+
+def check_store_credentials(site: Site) -> None:
+    """Refuse at once, naming the fix, when the site's S3 store has no credentials here: none came in the bundle
+    (the site's block holds none) and boto3 finds none on this host (environment, config files, instance role).
+    Otherwise DVC's fetch fails later with "files failed to download", which reads like a missing dataset."""
+    if not isinstance(site.store, S3Store) or site.store.access_key_id:
+        return
+    import boto3  # lazy: only S3 sites need it
+
+    if boto3.Session(region_name=site.store.region).get_credentials() is None:
+        raise SpecError("site credentials", [Problem(
+            f"{site.name}.aws_access_key_id",
+            f"host {socket.gethostname()} has no credentials for site {site.name}'s store s3://{site.store.bucket} "
+            f"(none in the site's block, none in its environment or instance role): run `hybridtrain credentials "
+            f"{site.name} --aws-access-key-id ID --aws-secret-access-key-file FILE`, or give its hosts a role that "
+            f"may read the bucket")])
 
 
 def write_result(bundle_dir: Path, result: HostResult, trained: TrainResult) -> Path:

@@ -45,3 +45,25 @@ def test_invalid_job_id_and_unreadable_bundles_are_refused(tmp_path):
     (tmp_path / BUNDLE_FILE).write_text('{"format": 1}')
     with pytest.raises(SpecError, match="not a valid job bundle"):
         JobBundle.read(tmp_path)
+
+
+def test_a_host_without_credentials_for_an_s3_store_says_how_to_give_them_before_fetching(tmp_path):
+    # The site's block holds no S3 keys and the host has none of its own (environment, files, instance role).
+    import os
+    import subprocess
+    import sys
+
+    keyless = bundle().site.store.model_copy(update={"access_key_id": None, "secret_access_key": None})
+    b = bundle()
+    b = b.model_copy(update={"site": b.site.model_copy(update={"store": keyless}), "workdir": str(tmp_path / "work")})
+    b.write(tmp_path / "bundle")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update({"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+                "AWS_EC2_METADATA_DISABLED": "true", "PYTHONPATH": str(ROOT)})
+    out = subprocess.run([sys.executable, "-m", "hybridtrain.remote.host_training", str(tmp_path / "bundle")],
+                         capture_output=True, text=True, env=env, timeout=120, check=False, stdin=subprocess.DEVNULL)
+    assert out.returncode == SpecError.exit_code, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "cloud-eu.aws_access_key_id" in out.stderr and "s3://ds-bucket" in out.stderr
+    assert "hybridtrain credentials cloud-eu --aws-access-key-id" in out.stderr
+    assert not (tmp_path / "work" / "data-copy").exists()  # nothing fetched, nothing half-made
