@@ -166,21 +166,28 @@ def test_a_lifecycle_runs_across_sites_that_share_no_checkout_and_trains_on_two_
 
     # At once: the gateway generates the raw data into its own store and deploys (the pools' deployments clone
     # the code from the bare repository); each site starts its worker from its own root.
-    logs = {name: base / f"{name}.log" for name in ("data", "deploy", "worker-onprem", "worker-cloud", "ssh-key")}
-    # The cloud site's operator stores the instances' SSH key in the site's block (the image's host key is pinned).
-    key = base / "instances_key"
+    logs = {name: base / f"{name}.log" for name in ("data", "deploy", "worker-onprem", "worker-cloud", "credentials")}
+    # The cloud site's operator stores in the site's block the instances' SSH key (the image's host key is pinned)
+    # and the store's S3 keys, which the instances fetch the data with (the worker has its own in its environment).
+    key, s3_secret = base / "instances_key", base / "s3_secret"
     key.write_text(server.private_key)
-    key.chmod(0o600)
-    finished(start_cli(stack, cloud, logs["ssh-key"], "credentials", "cloud-eu", "--ssh-key", str(key)),
-             logs["ssh-key"])
+    s3_secret.write_text(stack.s3_env()["AWS_SECRET_ACCESS_KEY"])
+    for path in (key, s3_secret):
+        path.chmod(0o600)
+    finished(start_cli(stack, cloud, logs["credentials"], "credentials", "cloud-eu", "--ssh-key", str(key),
+                       "--aws-access-key-id", stack.s3_env()["AWS_ACCESS_KEY_ID"], "--aws-secret-access-key-file",
+                       str(s3_secret)), logs["credentials"])
     key.unlink()
+    s3_secret.unlink()
     workers = [start_cli(stack, root, logs[f"worker-{pool}"], "worker", "--pool", pool)
                for pool, root in (("onprem", onprem), ("cloud", cloud))]
     data = start_cli(stack, onprem, logs["data"], "data", "generate", "--rows", "2000", "--pin", "jobs/churn.yaml")
     deploy = start_cli(stack, onprem, logs["deploy"], "deploy", "--code-repo", f"file://{bare}")
     try:
         finished(data, logs["data"])
-        spec_writer(onprem)("sites-e2e", model__epochs=2, resources__nodes=2)
+        # Two CPU nodes (the instances are c5.large, without GPUs), trained together with gloo DDP.
+        spec_writer(onprem)("sites-e2e", model__epochs=2, resources__nodes=2, resources__gpus=0,
+                            resources__gpu_type=None)
         deployed = finished(deploy, logs["deploy"])
         assert f"pool cloud: workers clone commit {sha}" in deployed, deployed
         with prefect_api_at(stack.prefect_api):
