@@ -15,6 +15,7 @@ capacity is free; the parent ``tell``s the study trial 5 was pruned and asks for
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from pathlib import Path
@@ -80,7 +81,9 @@ def _new_storage(url: str) -> Any:
 
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        path = Path(url.removeprefix("sqlite:///"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_ahead_log(path)
         kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=None)
@@ -88,6 +91,20 @@ def _new_storage(url: str) -> Any:
         raise SpecError("sweep storage", [Problem(
             "HYBRIDTRAIN_SWEEP_STORAGE", f"cannot open the study database {_redact(url)}: {exc}. Give a reachable "
             "sqlite:///PATH or postgresql://USER:PASSWORD@HOST/DB (--storage or HYBRIDTRAIN_SWEEP_STORAGE)")]) from exc
+
+
+def _write_ahead_log(path: Path) -> None:
+    """Put the study's SQLite file in write-ahead-log mode (kept in the file: once is enough).
+
+    In SQLite's default rollback-journal mode a writer waits for every open reader to finish: with
+    a sweep's trials reading and writing the study from several threads and processes (the parent's
+    ask and tell, each trial's epoch reports and the pruner's reads), a trial's write waited up to
+    the whole busy timeout (60 s). In WAL mode readers and the one writer do not block each other.
+    """
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_S)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
 
 
 def _redact(url: str) -> str:

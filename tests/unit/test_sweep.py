@@ -168,3 +168,29 @@ def test_cli_plan_and_a_spec_without_a_sweep(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "sweep: this job spec has no sweep section" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_a_trial_reports_its_epoch_while_another_reader_holds_the_study_open(tmp_path, monkeypatch):
+    # Trials read and write the study from several threads and processes at once; in SQLite's default
+    # journal mode a write waits for every open read to end (up to the whole busy timeout).
+    import sqlite3
+
+    from hybridtrain.sweeps import study as study_mod
+    from hybridtrain.sweeps.study import SweepStudy, open_for_trial
+
+    monkeypatch.setattr(study_mod, "SQLITE_BUSY_TIMEOUT_S", 1)
+    path = tmp_path / "optuna.db"
+    url = f"sqlite:///{path}"
+    sweep = SweepSpec.model_validate({"parameters": {"dropout": {"type": "float", "low": 0.0, "high": 0.5}},
+                                      "pruner": {"name": "none"}, "sampler": {"name": "random"}})
+    ticket = SweepStudy.open(url, "s", sweep).ask()
+    reporter = open_for_trial(url, "s", sweep).reporter(ticket)
+    reader = sqlite3.connect(path, timeout=1)
+    try:
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT count(*) FROM trials").fetchone() == (1,)  # a read transaction stays open
+        reporter(0, {"val_auc": 0.7})  # the write does not wait for the reader
+        assert reader.execute("SELECT count(*) FROM trial_intermediate_values").fetchone() == (0,)  # its snapshot
+    finally:
+        reader.close()
+    assert sqlite3.connect(path).execute("SELECT count(*) FROM trial_intermediate_values").fetchone() == (1,)
