@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.cloud_fleet import image_sshd  # noqa: F401 - a fixture (module scope) of the cloud-instance tests
 from tests.fixtures.prefect_api import drain_prefect_services
 from tests.fixtures.workspaces import make_workspace
 

@@ -30,8 +30,8 @@ from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.trainer import Trainer
-from tests.fixtures.cloud_fleet import ADDRESSES, Hypervisor
-from tests.fixtures.processes import start_sshd, stop_sshd, wait_until
+from tests.fixtures.cloud_fleet import Hypervisor
+from tests.fixtures.processes import wait_until
 from tests.fixtures.ssh_job import MULTI
 from tests.fixtures.ssh_job import MULTI_EPOCHS as EPOCHS
 
@@ -39,17 +39,6 @@ pytestmark = pytest.mark.slow  # an sshd standing for the instances, torchrun ra
 
 SITE = "cloud-fleet"
 WAIT_S = 240.0
-
-
-@pytest.fixture(scope="module")
-def image_sshd(tmp_path_factory):
-    """One OpenSSH server answering at every address moto gives an instance, with the "image's" host key."""
-    d = tmp_path_factory.mktemp("sshd-image")
-    proc, server = start_sshd(d, addresses=ADDRESSES)
-    try:
-        yield server, " ".join((d / "host_key.pub").read_text().split()[:2])
-    finally:
-        stop_sshd(proc)
 
 
 @pytest.fixture(scope="module")

@@ -34,9 +34,8 @@ import yaml
 from hybridtrain.drill.processes import stop_with_children
 from hybridtrain.drill.timeline import wait_until
 from hybridtrain.service.stack import Stack
-from tests.fixtures.cloud_fleet import ADDRESSES, Ec2Env, Hypervisor
+from tests.fixtures.cloud_fleet import Ec2Env, Hypervisor
 from tests.fixtures.prefect_api import prefect_api_at
-from tests.fixtures.processes import start_sshd, stop_sshd
 from tests.fixtures.workspaces import ROOT, spec_writer
 from tests.service.conftest import stack_cli
 
@@ -85,17 +84,6 @@ def use_cloud_s3_store(root: Path, stack: Stack, instances: dict) -> None:
             site["store"] = {"kind": "s3", "bucket": CLOUD_BUCKET, "endpoint_url": stack.s3_url}
             site["instances"] = instances
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-
-
-@pytest.fixture(scope="module")
-def image_sshd(tmp_path_factory):
-    """One OpenSSH server answering at every address moto gives an instance, with the "image's" host key."""
-    d = tmp_path_factory.mktemp("sshd-image")
-    proc, server = start_sshd(d, addresses=ADDRESSES)
-    try:
-        yield server, " ".join((d / "host_key.pub").read_text().split()[:2])
-    finally:
-        stop_sshd(proc)
 
 
 def cloud_fleet(stack: Stack) -> Ec2Env:
