@@ -140,26 +140,6 @@ def simulate(trials: int, parallelism: int) -> None:
           f"(target <= {COST_TARGET})")
 
 
-def where_the_slots_went(summary, parallelism: int) -> str:
-    """The makespan's slot-seconds: training, held but not training, and idle at the start, between trials and at
-    the end (from each trial's attempts: when it took its slot and how long it held it)."""
-    spans = [(a.started_at, a.seconds) for r in summary.trials for a in r.attempts if a.started_at is not None]
-    if not spans or summary.trials_started_at is None:
-        return "slots: no attempt times recorded"
-    t0 = summary.trials_started_at
-    starts = sorted((s - t0).total_seconds() for s, _ in spans)
-    ends = [(s - t0).total_seconds() + held for s, held in spans]
-    total = parallelism * summary.trials_seconds
-    held = sum(h for _, h in spans)
-    trained = sum(r.train_seconds for r in summary.trials)
-    first_wave = sum(starts[:parallelism])  # slot-seconds before each of the first trials took its slot
-    tail = sum(summary.trials_seconds - e for e in sorted(ends)[-parallelism:])  # after each of the last ones ended
-    between = total - held - first_wave - tail
-    return (f"slot-seconds {total:.1f}: training {trained:.1f}, held not training {held - trained:.1f}, idle before "
-            f"the first {parallelism} took theirs {first_wave:.1f} (first after {starts[0]:.1f} s), idle between "
-            f"trials {between:.1f}, idle after the last {parallelism} ended {tail:.1f}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=32)
@@ -192,7 +172,6 @@ def main() -> None:
           f"(both sweeps {bench_s:.0f} s)")
     print(f"  makespan {full.trials_seconds:.1f} s; trials {sum(durations):.1f} s in all "
           f"(min {min(durations):.1f}, max {max(durations):.1f}); ideal {ideal:.1f} s")
-    print(f"  {where_the_slots_went(full, args.parallelism)}")
     saved = 1 - pruned.trial_epochs / full.trial_epochs
     gap = abs((pruned.best_value or 0) - (full.best_value or 0))
     states = {}

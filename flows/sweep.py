@@ -78,7 +78,6 @@ class SweepSummary(BaseModel):
     plots: list[str]
     seconds: float
     trials_seconds: float = 0.0  # from the first trial's start to the last one's end
-    trials_started_at: datetime | None = None  # when the first trial was asked (the start of trials_seconds)
 
 
 def _trial_result_name(number: int, attempt: int) -> str:
@@ -343,7 +342,7 @@ def sweep(
         failed = 0
         slots = SweepSlots(sw.parallelism)
         ahead = sw.parallelism  # trials kept ready (asked, placed, subflow run started) beside the training ones
-        trials_started, trials_started_at = time.perf_counter(), datetime.now(UTC)
+        trials_started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=sw.parallelism + ahead, thread_name_prefix="trial") as pool:
             running: dict[Future, TrialTicket] = {}
             asked = 0
@@ -444,5 +443,5 @@ def sweep(
                         best_trial=best.trial if best else None, best_value=best.value if best else None,
                         best_params=best.params if best else None, cost_usd=results.cost_usd,
                         trial_epochs=results.epochs, plots=plots, seconds=time.perf_counter() - started,
-                        trials_seconds=trials_seconds, trials_started_at=trials_started_at,
+                        trials_seconds=trials_seconds,
                         **summary_fields)
