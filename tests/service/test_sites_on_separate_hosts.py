@@ -34,7 +34,7 @@ import yaml
 from hybridtrain.drill.processes import stop_with_children
 from hybridtrain.drill.timeline import wait_until
 from hybridtrain.service.stack import Stack
-from tests.fixtures.cloud_fleet import Ec2Env, Hypervisor
+from tests.fixtures.cloud_fleet import Hypervisor, loopback_subnet
 from tests.fixtures.prefect_api import prefect_api_at
 from tests.fixtures.workspaces import ROOT, spec_writer
 from tests.service.conftest import stack_cli
@@ -86,17 +86,6 @@ def use_cloud_s3_store(root: Path, stack: Stack, instances: dict) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-def cloud_fleet(stack: Stack) -> Ec2Env:
-    """A VPC and a subnet on 127.0.0.0/24 on the stack's moto server: its instances get loopback addresses."""
-    import boto3
-
-    client = boto3.client("ec2", endpoint_url=stack.s3_url, region_name=EC2_REGION, aws_access_key_id="testing",
-                          aws_secret_access_key="testing")
-    vpc = client.create_vpc(CidrBlock="127.0.0.0/16")["Vpc"]["VpcId"]
-    subnet = client.create_subnet(VpcId=vpc, CidrBlock="127.0.0.0/24")["Subnet"]["SubnetId"]
-    return Ec2Env(url=stack.s3_url, client=client, subnet_id=subnet)
-
-
 def digests(top: Path) -> dict[str, Path]:
     return {hashlib.md5(p.read_bytes()).hexdigest(): p for p in top.rglob("*") if p.is_file()}
 
@@ -133,7 +122,7 @@ def test_a_lifecycle_runs_across_sites_that_share_no_checkout_and_trains_on_two_
 
     stack, base = control_plane
     server, host_key = image_sshd
-    fleet = cloud_fleet(stack)
+    fleet = loopback_subnet(stack.s3_url, EC2_REGION)  # the stack's moto serves EC2 beside S3
     instances_dir = base / "instances"  # each instance's workdir, {instance_id}, is a directory of its own here
     instances = {"region": EC2_REGION, "endpoint_url": stack.s3_url, "image_id": "ami-12c6146b",
                  "instance_type": "c5.large", "subnet_id": fleet.subnet_id, "username": server.host.username,
