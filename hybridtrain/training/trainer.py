@@ -45,8 +45,9 @@ wait is the "write time" above. Preemption and the end of training wait for the 
 The model's weight initialization and dropout masks draw from generators of its own, seeded with
 the spec's seed and saved in each checkpoint, so fits running at once in one process (a sweep's
 trials in threads) each train exactly as alone. The trainer also seeds the process-wide torch,
-numpy and ``random`` generators and sets torch's CPU thread count for the duration of ``fit``. It installs no signal handlers and imports no tracking
-client: callers observe it through ``on_epoch`` and ``should_stop``.
+numpy and ``random`` generators and sets torch's CPU thread count for the duration of ``fit``.
+It installs no signal handlers and imports no tracking client: callers observe it through
+``on_epoch`` and ``should_stop``.
 
 Longer than most modules on purpose: the training loop, its checkpoints, resume and rank handling are one piece of state.
 """
