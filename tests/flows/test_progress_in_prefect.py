@@ -103,3 +103,64 @@ def test_sync_progress_reaches_the_run_log_and_ends_its_artifact_at_100(prefect_
     mine = [a for a in artifacts if str(a.flow_run_id) == run_id]
     assert [a.type for a in mine] == ["progress"]
     assert mine[0].data == pytest.approx(100.0)
+
+
+def test_a_slow_artifact_call_holds_up_no_thread_and_the_last_value_still_lands(prefect_server, monkeypatch):
+    """While the API takes its time over one progress artifact, other threads reporting progress (a
+    sweep's trials) go on at once; the stage's last value is in the artifact when its report returns."""
+    import contextvars
+    import threading
+
+    from prefect import flow
+    from prefect.client.orchestration import SyncPrefectClient, get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from hybridtrain.reporting import progress
+    from orchestration.progress import bind_progress
+
+    entered, release = threading.Event(), threading.Event()
+    create = SyncPrefectClient.create_artifact
+
+    def slow_create(self, artifact):
+        entered.set()
+        release.wait(60)  # the API answers when the test says so
+        return create(self, artifact)
+
+    monkeypatch.setattr(SyncPrefectClient, "create_artifact", slow_create)
+
+    @flow(name="slow-progress-probe")
+    def probe() -> tuple[str, float]:
+        from prefect import runtime
+
+        bind_progress()
+        first = threading.Thread(target=contextvars.copy_context().run,
+                                 args=(progress.report, "train", "start", "train started", ), kwargs={"done": 0, "total": 4})
+        first.start()
+        assert entered.wait(30), "the artifact was never created"
+        other_done = threading.Event()
+
+        def other() -> None:
+            for step in range(1, 4):
+                progress.report("train", "step", f"train step {step}/4", done=step, total=4)
+            other_done.set()
+
+        t0 = time.monotonic()
+        second = threading.Thread(target=contextvars.copy_context().run, args=(other,))
+        second.start()
+        went_on = other_done.wait(10)
+        waited = time.monotonic() - t0
+        release.set()
+        first.join(30)
+        second.join(30)
+        assert went_on, "a thread reporting progress waited for another thread's API call"
+        progress.report("train", "end", "train finished", done=4, total=4)
+        return str(runtime.flow_run.id), waited
+
+    run_id, waited = probe()
+    assert waited < 5
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["train-progress"])))
+    mine = [a for a in artifacts if str(a.flow_run_id) == run_id]
+    assert [a.type for a in mine] == ["progress"]  # one artifact, created once, then updated
+    assert mine[0].data == pytest.approx(100.0)
+    assert mine[0].description == "train: train finished"
