@@ -358,7 +358,7 @@ def sweep(
                 nonlocal asked
                 ticket = study.ask()
                 asked += 1
-                slot = slots.slot(ticket.number)  # in line for a slot in the order trials are asked
+                slot = slots.slot(ticket.number)  # in line for a slot: the earliest asked of the ready trials goes first
                 ctx = contextvars.copy_context()  # the trial's subflow runs under this flow run
                 running[pool.submit(ctx.run, one, ticket, slot)] = ticket
 

@@ -11,11 +11,13 @@ An example (``parallelism: 2``, two trials ready ahead): trials 0-3 start; 0 and
 slots and train, 2 and 3 wait in ``take``. Trial 0 ends and gives its slot back: trial 2 takes it
 at once, and the sweep asks trial 4, which gets ready while 1, 2 train and 3 waits.
 
-Slots go to the waiting trials in the order the sweep asked them (``slot`` is called in that
-order), so which trials train side by side — and what the pruner compares — does not depend on
-which subflow run happened to start first. A trial whose attempt ended before it took its slot
-(its run could not be created, it waits for a site) goes to the back (``requeue``), so it holds
-no one up.
+Slots go to the *ready* trials in the order the sweep asked them (``slot`` is called in that
+order): when several wait in ``take``, the one asked first goes first, whichever subflow run
+happened to start first. A trial still getting ready holds no one up: a free slot goes to a ready
+trial asked after it rather than wait for that trial's API work (before, slots went strictly in
+ask order, and one trial whose placement or run creation took seconds on a busy server left every
+slot idle that long). A trial whose attempt ended before it took its slot (its run could not be
+created, it waits for a site) goes to the back of the line (``requeue``).
 
 The wait is not the trial's work: ``Slot.waited_s`` says how long it was, for the trial's billed
 seconds to leave it out. After ``stop()`` (the sweep stops asking, e.g. too many failed trials) a
@@ -53,6 +55,7 @@ class SweepSlots:
         self._cond = threading.Condition()
         self._stopped: str | None = None
         self._queue: list[int] = []  # turns of the slots not taken yet, in the order they were asked
+        self._ready: set[int] = set()  # turns of the trials waiting in ``take`` (ready to train)
         self._turns = 0
 
     @property
@@ -84,15 +87,21 @@ class SweepSlots:
 
     def _take(self, number: int, turn: int, timeout_s: float | None) -> bool:
         with self._cond:
-            ready = self._cond.wait_for(
-                lambda: self._stopped is not None or (self._free > 0 and self._queue[:1] == [turn]), timeout=timeout_s)
+            self._ready.add(turn)
+            try:
+                got = self._cond.wait_for(
+                    lambda: self._stopped is not None or (self._free > 0 and turn == min(self._ready)),
+                    timeout=timeout_s)
+            finally:
+                self._ready.discard(turn)
+                self._cond.notify_all()  # the next ready one may be first now
             if self._stopped is not None:
                 raise SweepStopping(number, self._stopped)
-            if not ready:
+            if not got:
                 return False
             self._free -= 1
-            self._queue.pop(0)
-            self._cond.notify_all()  # the next in line may take a slot too
+            if turn in self._queue:
+                self._queue.remove(turn)
             return True
 
     def _leave(self, turn: int) -> None:

@@ -113,7 +113,7 @@ def _wait_until(condition, timeout_s: float = 5.0) -> None:
         time.sleep(0.01)
 
 
-def test_slots_go_in_the_order_trials_were_asked_whichever_got_ready_first():
+def test_ready_trials_get_slots_in_the_order_they_were_asked_whichever_got_ready_first():
     slots = SweepSlots(1)
     busy = slots.slot(0)
     busy.take()
@@ -131,16 +131,26 @@ def test_slots_go_in_the_order_trials_were_asked_whichever_got_ready_first():
     assert order == [1, 2]
 
 
-def test_a_trial_not_ready_after_all_holds_no_one_up():
+def test_a_trial_still_getting_ready_holds_no_one_up():
+    slots = SweepSlots(1)
+    stalled, ready = slots.slot(0), slots.slot(1)  # trial 0's run is still being created
+    assert ready.take(timeout_s=1)  # a free slot goes to trial 1, ready, without waiting for trial 0
+    order: list[int] = []
+    t = _take_in_thread(stalled, order)  # trial 0 gets ready while trial 1 trains: it waits for the slot
+    t.join(0.2)
+    assert t.is_alive() and order == []
+    ready.give_back()
+    t.join(5)
+    assert order == [0]
+    stalled.give_back()
+
+
+def test_a_trial_not_ready_after_all_goes_to_the_back_of_the_line():
     slots = SweepSlots(1)
     stalled, ready = slots.slot(0), slots.slot(1)  # trial 0's run could not be created yet
-    order: list[int] = []
-    t = _take_in_thread(ready, order)
-    t.join(0.2)
-    assert t.is_alive() and order == [] and slots.free == 1  # a free slot, but trial 0 is first in line
     stalled.requeue()  # its attempt ended before it took a slot: to the back
-    t.join(5)
-    assert order == [1]
+    assert ready.take(timeout_s=1)
+    assert not slots.wait_all_taken(timeout_s=0.05)  # trial 0 is still in line
     ready.give_back()
     assert stalled.take(timeout_s=1)  # its next attempt takes the slot after trial 1
     stalled.give_back()
