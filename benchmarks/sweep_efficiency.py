@@ -156,10 +156,11 @@ def main() -> None:
         os.environ["PREFECT_HOME"] = str(Path(tmp) / "prefect")
         os.environ.pop("PREFECT_API_URL", None)
         root = make_workspace(Path(tmp), args.rows)
-        from blocks.register import ensure_pseudonym_key
-        from hybridtrain.workspace import Workspace
+        from orchestration.session import open_session
 
-        ensure_pseudonym_key(Workspace.resolve(root).pseudonym_key_block)  # the anonymize stage reads it
+        # As `hybridtrain sweep` does: the embedded server (ours: orchestration.embedded_server), the
+        # workspace and its blocks (the anonymize stage reads the pseudonym key).
+        open_session(root)
         t0 = time.perf_counter()
         full = run_sweep(root, write_spec(root, "bench-full", args.trials, args.parallelism, "none"))
         pruned = run_sweep(root, write_spec(root, "bench-pruned", args.trials, args.parallelism, "median"))

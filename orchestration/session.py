@@ -11,7 +11,8 @@ separate ``hybridtrain init``. Opening is idempotent; each step does only what i
 2. **Embedded server.** With no API URL, Prefect starts a temporary server in a subprocess. The
    session starts it itself, tied to this process: the server gets SIGTERM when the process that
    started it dies — by SIGKILL too (Linux ``PR_SET_PDEATHSIG``), so a killed ``hybridtrain run``
-   leaves no server behind. (Prefect stops its server only at a normal exit.)
+   leaves no server behind. (Prefect stops its server only at a normal exit.) Its app is Prefect's
+   with the garbage collector off the event loop (``orchestration.embedded_server``).
 3. **Workspace.** ``.hybridtrain/``, the DVC repo and its remotes from the sites catalog.
 4. **Blocks.** Site blocks, the release signing key and the pseudonym key on that server (keys
    are created once, never overwritten).
@@ -76,11 +77,18 @@ def _die_with(parent: int) -> Callable[[], None]:
     return preexec
 
 
+#: The app factory Prefect's temporary server runs, and ours in its place (``orchestration.embedded_server``).
+PREFECT_APP = "prefect.server.api.server:create_app"
+EMBEDDED_APP = "orchestration.embedded_server:create_app"
+
+
 class TetheredServer(SubprocessASGIServer):
     """Prefect's temporary server, started so that it gets SIGTERM when the thread that started it ends.
 
-    Prefect builds the server's command and environment itself; only its ``subprocess.Popen`` gets a
-    ``preexec_fn`` here. Start it from the main thread: Linux ties the signal to the starting thread.
+    Prefect builds the server's command and environment itself; its ``subprocess.Popen`` gets a
+    ``preexec_fn`` here, and the command runs ``orchestration.embedded_server``'s app (Prefect's, with
+    the garbage collector off the event loop: see there). Start it from the main thread: Linux ties
+    the signal to the starting thread.
     """
 
     def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
@@ -89,7 +97,13 @@ class TetheredServer(SubprocessASGIServer):
 
         def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
             calls.append(args)
-            return subprocess.Popen(*args, preexec_fn=_die_with(os.getpid()), **kwargs)  # noqa: PLW1509 (prctl only)
+            command = list(kwargs.pop("args") if "args" in kwargs else args[0])
+            args = args[1:] if args else ()
+            if PREFECT_APP not in command:
+                raise RuntimeError(f"Prefect no longer starts its temporary server with {PREFECT_APP}: "
+                                   "orchestration/session.py needs another way to use orchestration.embedded_server")
+            command = [EMBEDDED_APP if a == PREFECT_APP else a for a in command]
+            return subprocess.Popen(command, *args, preexec_fn=_die_with(os.getpid()), **kwargs)  # noqa: PLW1509 (prctl only)
 
         prefect_server.subprocess = SimpleNamespace(**{**vars(subprocess), "Popen": popen})  # type: ignore[assignment]
         try:
