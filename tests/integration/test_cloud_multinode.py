@@ -161,7 +161,9 @@ def test_a_killed_control_plane_leaves_instances_that_the_resumed_attempt_termin
     assert set(first).isdisjoint(out.instances) and len(out.instances) == 2  # fresh instances for the resume
     assert ec2.states() == dict.fromkeys([*first, *out.instances], "terminated")
     assert hypervisor.stopped >= set(first)
-    assert out.resumed_from_step is not None and 0 < out.resumed_from_step < EPOCHS * 16
+    # Resumed from a checkpoint of the first attempt. Its ranks train on after the kill until this attempt
+    # terminates them, so on a fast host they may have reached the last step's checkpoint (CI, 11-27: 480).
+    assert out.resumed_from_step is not None and 0 < out.resumed_from_step <= EPOCHS * 16
     assert out.global_step == EPOCHS * 16
     assert_close_weights(ws, out.model_uri, single)
     records = instance_records(ws, run_key)
