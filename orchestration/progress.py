@@ -105,9 +105,7 @@ class ArtifactSender:
             except Exception as exc:  # noqa: BLE001 - progress is best effort: the run goes on
                 self._failed(exc)
             with self.cond:
-                self.sent = max(self.sent, max(v.seq for v in batch.values()))
-                if not self.pending:
-                    self.sent = max(self.sent, self.seq)
+                self.sent = max(v.seq for v in batch.values())  # every later value is still pending
                 self.cond.notify_all()
 
     def _send(self, client, key: tuple[str, str], value: _Pending) -> None:

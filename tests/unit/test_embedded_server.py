@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # loop allocates, and the cyclic collector frees a cursor of b (kept alive by a failed statement's
 # traceback), whose reset needs b's mutex.
 SCENARIO = textwrap.dedent('''
-    import gc, os, sqlite3, sys, tempfile, threading, time
+    import os, sqlite3, sys, tempfile, threading, time
     if sys.argv[1] == "off-the-loop":
         from orchestration.embedded_server import collect_off_the_loop
         collect_off_the_loop()
