@@ -95,6 +95,13 @@ def test_a_user_runs_the_lifecycle_from_the_prefect_ui_and_finds_the_champion_in
         expect(logs).to_contain_text(line, timeout=60_000)
     shoot(page, "run-page")
 
+    # Training's progress artifact, kept by the worker's flow-run process in the background, ends at 100 %.
+    children = get_json(f"{stack.api}/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [run_id]}}})
+    runs = {run_id, *(c["id"] for c in children)}
+    trained = [a for a in get_json(f"{stack.api}/artifacts/filter", {"artifacts": {"key": {"any_": ["train-progress"]}}})
+               if a["flow_run_id"] in runs]
+    assert [a["data"] for a in trained] == [100.0], trained
+
     # The summary artifact: stages, gates and the two pictures, shown (decoded) by the browser.
     summary = next(a for a in get_json(f"{stack.api}/artifacts/filter", {"artifacts": {"key": {"any_": ["lifecycle-churn"]}}})
                    if a["flow_run_id"] == run_id)
