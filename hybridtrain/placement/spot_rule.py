@@ -55,7 +55,8 @@ class UniformProgress:
 
     1. No deadline: spot when there, else wait.
     2. Safety net: if switching to on-demand now leaves less than ``margin_s`` of slack, go (or
-       stay) on on-demand.
+       stay) on on-demand. A job already on on-demand counts the restart it would pay to come back
+       after leaving it: it leaves only with ``margin_s`` to spare after that restart.
     3. Spot is there: take it — except that a job already on on-demand goes back only when it is
        ahead of the line by more than a restart (no flapping).
     4. Spot is gone: behind the line → on-demand; ahead → wait for spot.
@@ -74,7 +75,8 @@ class UniformProgress:
     def choose(self, p: SpotProgress) -> SpotAction:
         if p.deadline is None:
             return SpotAction.spot if p.spot_available else SpotAction.wait
-        if p.slack_s(self.restart_s) <= self.margin_s:
+        back_s = self.restart_s if p.current is SpotAction.on_demand else 0.0  # leaving it costs a restart back
+        if p.slack_s(self.restart_s) - back_s <= self.margin_s:
             return SpotAction.on_demand
         total = p.work_done_h + p.work_left_h
         span = p.deadline - p.started_at

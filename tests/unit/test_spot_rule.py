@@ -37,3 +37,17 @@ def test_greedy_example():
     assert rule.choose(at(2.7, 1.0, 4, False, WAIT, deadline_h=6.0)) is WAIT
     assert rule.choose(at(2.75, 1.0, 4, False, WAIT, deadline_h=6.0)) is OD
     assert rule.choose(at(3.0, 1.2, 4, True, OD, deadline_h=6.0)) is OD  # once on-demand, to the end
+
+
+def test_a_run_on_on_demand_leaves_it_only_with_slack_for_the_restart_back():
+    """The sweep simulation's trial 19: 0.75 h of work left from 0 h to a deadline at 1.158 h (restart 5 min, margin
+    10 min). On on-demand at 0.833 h with 0.667 h done it is ahead of the line by 7.6 min, and staying leaves 14.5 min
+    of slack; stopping to wait for spot would leave 9.5 min after the restart back — less than the margin. It used
+    to stop, came back a tick later behind the line, and ended 33 s after its deadline."""
+    rule = UniformProgress(restart_s=300, margin_s=600)
+    assert rule.choose(at(0.833, 0.667, 0.75, False, OD, deadline_h=1.158)) is OD
+    assert rule.choose(at(0.833, 0.667, 0.75, True, OD, deadline_h=1.158)) is OD  # nor for spot that may go again
+    # with room for the restart back it still stops to wait while ahead of the line
+    assert rule.choose(at(0.833, 0.667, 0.75, False, OD, deadline_h=1.5)) is WAIT
+    # a run not on on-demand pays no restart back: the same slack lets it wait
+    assert rule.choose(at(0.833, 0.667, 0.75, False, WAIT, deadline_h=1.158 + 5 / 60)) is WAIT
