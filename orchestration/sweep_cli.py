@@ -45,7 +45,8 @@ def sweep(
     plan: Annotated[bool, typer.Option("--plan", help="Show where trials would run and the estimated cost; "
                                                       "run nothing.")] = False,
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default HYBRIDTRAIN_SWEEP_STORAGE, else "
-                                                     "SQLite under .hybridtrain/sweeps/).")] = None,
+                                                     "the served stack's database when PREFECT_API_URL is its API, "
+                                                     "else SQLite under .hybridtrain/sweeps/).")] = None,
     dispatch: Annotated[str, typer.Option(help="auto, inline or pools (as for `hybridtrain run`).")] = "auto",
     promote: Annotated[bool, typer.Option(help="Evaluate and try to promote the best trial.")] = True,
     dataset_bytes: Annotated[int, typer.Option(help="--plan: size of the approved data a sync would send.")] = 0,

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hybridtrain.errors import HybridtrainError  # noqa: E402
-from hybridtrain.service.stack import Stack, logging_config, process_alive  # noqa: E402
+from hybridtrain.service.stack import DATABASES, Stack, logging_config, process_alive  # noqa: E402
 
 START_TIMEOUT_S = float(os.environ.get("HYBRIDTRAIN_STACK_START_TIMEOUT_S", "180"))
 
@@ -192,7 +192,7 @@ def start_postgres(stack: Stack) -> None:
                             password=stack.db_password, dbname="postgres", connect_timeout=10)
     conn.autocommit = True
     with conn.cursor() as cur:
-        for db in ("prefect", "mlflow"):
+        for db in DATABASES:
             cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,))
             if cur.fetchone() is None:
                 cur.execute(f'CREATE DATABASE "{db}"')

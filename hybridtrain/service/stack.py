@@ -22,6 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from hybridtrain.errors import Problem, SpecError
 
 STACK_DIR = ".hybridtrain/stack"
+#: The stack's PostgreSQL databases: Prefect's, MLflow's, and the sweeps' Optuna studies.
+SWEEP_DATABASE = "optuna"
+DATABASES = ("prefect", "mlflow", SWEEP_DATABASE)
 PG_BIN_CANDIDATES = ("/usr/lib/postgresql/15/bin",)
 POOLS = ("onprem", "cloud")
 CONTROL_POOL = "control"
@@ -41,7 +44,7 @@ class Stack(BaseModel):
     host: str = Field("127.0.0.1", description="Address every server binds; loopback only.")
     prefect_port: int = Field(description="Prefect API + UI port.")
     mlflow_port: int = Field(description="MLflow tracking server port.")
-    postgres_port: int = Field(description="PostgreSQL port (Prefect's and MLflow's databases).")
+    postgres_port: int = Field(description="PostgreSQL port (Prefect's, MLflow's and the sweeps' databases).")
     s3_port: int = Field(description="S3-compatible store (moto server mode) standing in for S3.")
     redis_port: int | None = Field(
         None, description="Redis port: Prefect's event messaging, concurrency leases and background-task queue "
@@ -55,7 +58,7 @@ class Stack(BaseModel):
                              "151 / 913 ms with one). The background services (scheduler, late runs, event "
                              "persister, triggers, ...) run in a process of their own either way, so a busy service "
                              "never holds an API call.")
-    db_user: str = Field("hybridtrain", description="PostgreSQL role owning both databases.")
+    db_user: str = Field("hybridtrain", description="PostgreSQL role owning the databases.")
     db_password: str = Field(description="That role's password (also in stack.json, mode 0600).")
     bucket: str = Field("hybridtrain-mlflow", description="Bucket holding MLflow's artifacts.")
     pools: tuple[str, ...] = Field(POOLS, description="Work pools that get workers.")
@@ -206,6 +209,11 @@ class Stack(BaseModel):
         scheme = f"postgresql+{driver}" if driver else "postgresql"
         return f"{scheme}://{self.db_user}:{self.db_password}@{self.host}:{self.postgres_port}/{database}"
 
+    @property
+    def sweep_storage(self) -> str:
+        """The sweeps' Optuna studies: database ``optuna`` of the stack's PostgreSQL."""
+        return self.db_url(SWEEP_DATABASE)
+
     # -- environments -----------------------------------------------------------------------
 
     def s3_env(self) -> dict[str, str]:
@@ -238,9 +246,10 @@ class Stack(BaseModel):
                 "PREFECT_REDIS_MESSAGING_URL": self.redis_url}
 
     def client_env(self) -> dict[str, str]:
-        """What a process talking to this stack needs: the Prefect API, MLflow, the workspace."""
+        """What a process talking to this stack needs: the Prefect API, MLflow, the sweeps' study database, the workspace."""
         return {"PREFECT_API_URL": self.prefect_api, "HYBRIDTRAIN_HOME": str(self.root),
                 "HYBRIDTRAIN_MLFLOW_TRACKING_URI": self.mlflow_url, "MLFLOW_TRACKING_URI": self.mlflow_url,
+                "HYBRIDTRAIN_SWEEP_STORAGE": self.sweep_storage,
                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
                 "DVC_NO_ANALYTICS": "1", "PREFECT_LOGGING_EXTRA_LOGGERS": "hybridtrain"}
 

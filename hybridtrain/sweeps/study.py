@@ -1,9 +1,10 @@
 """SweepStudy: one sweep's Optuna study in the project's database — ask for trials, hear their epochs, record how they ended.
 
-Storage (one precedence, as every setting): ``--storage`` > ``HYBRIDTRAIN_SWEEP_STORAGE`` > a SQLite
-file under the workspace's state directory (``.hybridtrain/sweeps/optuna.db``) on the embedded
-default. On the served stack point it at the PostgreSQL database (``postgresql://user:pw@host/db``;
-driven by psycopg 3). Every process that runs a trial opens the same study by name, so a trial
+Storage (one precedence, as every setting): ``--storage`` > ``HYBRIDTRAIN_SWEEP_STORAGE`` > the
+served stack's PostgreSQL database ``optuna`` when this process talks to that stack (``make up`` of
+this workspace, ``PREFECT_API_URL`` at its API; its workers get the setting in their environment) >
+a SQLite file under the workspace's state directory (``.hybridtrain/sweeps/optuna.db``) on the
+embedded default. PostgreSQL is driven by psycopg 3. Every process that runs a trial opens the same study by name, so a trial
 running in a cloud worker reports its epochs to the database the sweep's parent reads.
 
 An example (``pruner: median, warmup_epochs: 1``): the parent ``ask``s trial 5 with its values;
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,14 +49,26 @@ class SweepSettings(BaseSettings):
 
 
 def storage_url(ws: Workspace, override: str | None = None) -> str:
-    """Where studies live: ``override`` (CLI flag) > ``HYBRIDTRAIN_SWEEP_STORAGE`` > SQLite in the workspace."""
-    url = override or SweepSettings().storage
+    """Where studies live: ``override`` (CLI flag) > ``HYBRIDTRAIN_SWEEP_STORAGE`` > the served stack's database
+    when ``PREFECT_API_URL`` is that stack's API > SQLite in the workspace."""
+    url = override or SweepSettings().storage or _served_stack_storage(ws)
     if not url:
         return f"sqlite:///{ws.state_dir / 'sweeps' / 'optuna.db'}"
     if url.startswith(("postgresql://", "postgres://")):
         # SQLAlchemy's default PostgreSQL driver is psycopg2; the project ships psycopg 3.
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
     return url
+
+
+def _served_stack_storage(ws: Workspace) -> str | None:
+    """The ``optuna`` database of this workspace's served stack, if this process's Prefect API is that stack's."""
+    from hybridtrain.service.stack import Stack
+
+    api = os.environ.get("PREFECT_API_URL", "").rstrip("/")
+    if not api:
+        return None
+    stack = Stack.load(ws.root)
+    return stack.sweep_storage if stack is not None and stack.prefect_api == api else None
 
 
 _STORAGES: dict[str, Any] = {}

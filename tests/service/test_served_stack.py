@@ -100,6 +100,31 @@ def test_site_pools_runs_yield_the_cpu_to_the_control_plane(served, client_env):
     assert {"prefect-server", "mlflow", "worker-control-1", "worker-onprem-1", "worker-cloud-1"} <= set(pids)
 
 
+def test_a_sweep_from_a_shell_pointed_at_the_stack_keeps_its_study_in_the_stacks_postgresql(served, client_env):
+    """`hybridtrain sweep` with only PREFECT_API_URL at the stack (no storage setting): the study is in database
+    ``optuna`` of the stack's PostgreSQL, where the stack's workers (their environment names it) report too; no
+    SQLite study file appears in the workspace."""
+    import optuna
+
+    from tests.fixtures.workspaces import spec_writer
+
+    stack = Stack.load(served)
+    sweep = {"n_trials": 2, "parallelism": 2, "study_name": "served-sweep", "sampler": {"name": "random", "seed": 3},
+             "pruner": {"name": "none"}, "parameters": {"dropout": {"type": "float", "low": 0.0, "high": 0.5}}}
+    spec = spec_writer(served)("served-sweep", sweep=sweep, model__epochs=1, model__threads=1)
+    env = {**os.environ, **stack.client_env()}
+    env.pop("PREFECT_HOME", None)
+    env.pop("HYBRIDTRAIN_SWEEP_STORAGE")  # found from PREFECT_API_URL, as in a shell after `make up`
+    proc = subprocess.run([sys.executable, "-m", "orchestration.cli", "sweep", str(spec), "--dispatch", "inline",
+                           "--no-promote", "--home", str(served)], check=False, env=env, capture_output=True, text=True,
+                          timeout=WAIT_S, cwd=served)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    study = optuna.load_study(study_name="served-sweep", storage=stack.db_url("optuna", "psycopg"))
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE"]
+    assert not (served / ".hybridtrain" / "sweeps" / "optuna.db").exists()
+    assert stack.client_env()["HYBRIDTRAIN_SWEEP_STORAGE"] == stack.db_url("optuna")
+
+
 def test_burst_controller_and_recovery_run_on_their_own_schedules(served, client_env):
     def completed(flow: str) -> list:
         return [r for r in runs_of(flow) if r.auto_scheduled and r.state and r.state.is_completed()]

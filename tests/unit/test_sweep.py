@@ -194,3 +194,29 @@ def test_a_trial_reports_its_epoch_while_another_reader_holds_the_study_open(tmp
     finally:
         reader.close()
     assert sqlite3.connect(path).execute("SELECT count(*) FROM trial_intermediate_values").fetchone() == (1,)
+
+
+def test_the_served_stack_of_this_workspace_holds_the_studies_when_this_process_talks_to_it(tmp_path, monkeypatch):
+    """`make up` writes stack.json; a shell pointed at that stack (PREFECT_API_URL) keeps its studies in the stack's
+    PostgreSQL database ``optuna``, as the stack's workers do (their environment names it); anything else: SQLite."""
+    from hybridtrain.service.stack import Stack
+    from hybridtrain.sweeps.study import storage_url
+    from hybridtrain.workspace import Workspace
+
+    ws = Workspace.resolve(tmp_path)
+    stack = Stack.create(tmp_path, {"prefect": 14200, "mlflow": 15000, "postgres": 15432, "s3": 19000},
+                         is_root=False, pg_bin="/usr/lib/postgresql/15/bin")
+    stack.db_password = "pw"
+    stack.save()
+    monkeypatch.delenv("HYBRIDTRAIN_SWEEP_STORAGE", raising=False)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    sqlite = f"sqlite:///{ws.state_dir / 'sweeps' / 'optuna.db'}"
+    assert storage_url(ws) == sqlite  # the embedded default, even with a stack on disk
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:14200/api/")
+    assert storage_url(ws) == "postgresql+psycopg://hybridtrain:pw@127.0.0.1:15432/optuna"
+    monkeypatch.setenv("PREFECT_API_URL", "http://prefect.example:4200/api")  # another server: not this stack
+    assert storage_url(ws) == sqlite
+    monkeypatch.setenv("HYBRIDTRAIN_SWEEP_STORAGE", "postgresql://u:p@db.example/studies")  # the setting wins
+    assert storage_url(ws) == "postgresql+psycopg://u:p@db.example/studies"
+    assert storage_url(ws, "sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"  # and the flag over it
+    assert stack.client_env()["HYBRIDTRAIN_SWEEP_STORAGE"] == "postgresql://hybridtrain:pw@127.0.0.1:15432/optuna"
