@@ -18,7 +18,11 @@
    headline, with whether ours met it); also printed: ours with the sweep's own 1.5× deadline slack,
    cheaper but finishing later.
 
-Usage: .venv/bin/python benchmarks/sweep_efficiency.py [--trials 32] [--parallelism 4] [--rows 4000]
+With ``--served`` parts 1 and 2 run against a throwaway served stack instead (``scripts/stack.py up``:
+Prefect on PostgreSQL with its services, the MLflow server, the study in the stack's PostgreSQL), as
+a shell pointed at ``make up`` runs ``hybridtrain sweep``; the trials still run in this process.
+
+Usage: .venv/bin/python benchmarks/sweep_efficiency.py [--trials 32] [--parallelism 4] [--rows 4000] [--served]
 The last line is the headline ``sweep_makespan_ratio``.
 """
 
@@ -88,6 +92,16 @@ def write_spec(root: Path, name: str, trials: int, parallelism: int, pruner: str
     return path
 
 
+def stack(root: Path, *args: str) -> None:
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "stack.py"), *args, "--home", str(root)],
+                          check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise SystemExit(f"stack {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+
+
 def run_sweep(root: Path, spec: Path):
     from flows.sweep import sweep
 
@@ -147,6 +161,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4000, help="rows of sample data (trial length)")
     parser.add_argument("--skip-simulator", action="store_true")
     parser.add_argument("--simulator-only", action="store_true", help="only the simulator part (no sweep runs)")
+    parser.add_argument("--served", action="store_true", help="run the sweeps against a throwaway served stack "
+                                                               "(PostgreSQL) instead of the embedded server")
     args = parser.parse_args()
     if args.simulator_only:
         simulate(args.trials, args.parallelism)
@@ -155,21 +171,34 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="sweep-bench-") as tmp:
         os.environ["PREFECT_HOME"] = str(Path(tmp) / "prefect")
         os.environ.pop("PREFECT_API_URL", None)
+        Path(tmp).chmod(0o755)  # PostgreSQL runs as its own user when started as root: it must pass through
         root = make_workspace(Path(tmp), args.rows)
-        from orchestration.session import open_session
+        if args.served:
+            from hybridtrain.service.stack import Stack
 
-        # As `hybridtrain sweep` does: the embedded server (ours: orchestration.embedded_server), the
-        # workspace and its blocks (the anonymize stage reads the pseudonym key).
-        open_session(root)
-        t0 = time.perf_counter()
-        full = run_sweep(root, write_spec(root, "bench-full", args.trials, args.parallelism, "none"))
-        pruned = run_sweep(root, write_spec(root, "bench-pruned", args.trials, args.parallelism, "median"))
-        bench_s = time.perf_counter() - t0
+            stack(root, "up", "--no-deploy", "--no-workers", "--no-doctor")
+            os.environ.update(Stack.load(root).client_env())
+            print(f"served stack: Prefect {os.environ['PREFECT_API_URL']} on PostgreSQL, study in its database "
+                  "optuna", flush=True)
+        try:
+            from orchestration.session import open_session
+
+            # As `hybridtrain sweep` does: the embedded server (ours: orchestration.embedded_server) or the
+            # served one, the workspace and its blocks (the anonymize stage reads the pseudonym key).
+            open_session(root)
+            t0 = time.perf_counter()
+            full = run_sweep(root, write_spec(root, "bench-full", args.trials, args.parallelism, "none"))
+            pruned = run_sweep(root, write_spec(root, "bench-pruned", args.trials, args.parallelism, "median"))
+            bench_s = time.perf_counter() - t0
+        finally:
+            if args.served:
+                stack(root, "down")
 
     durations = [r.train_seconds for r in full.trials]
     ideal = sum(durations) / args.parallelism
     ratio = full.trials_seconds / ideal
-    print(f"sweep of {len(full.trials)} trials, {args.parallelism} at a time, {args.rows} rows, 6 epochs "
+    print(f"sweep of {len(full.trials)} trials, {args.parallelism} at a time, {args.rows} rows, 6 epochs, "
+          f"{'served stack (PostgreSQL)' if args.served else 'embedded server (SQLite)'} "
           f"(both sweeps {bench_s:.0f} s)")
     print(f"  makespan {full.trials_seconds:.1f} s; trials {sum(durations):.1f} s in all "
           f"(min {min(durations):.1f}, max {max(durations):.1f}); ideal {ideal:.1f} s")
