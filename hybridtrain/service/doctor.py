@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybridtrain.service.server_log import service_statuses
-from hybridtrain.service.stack import Stack, process_alive
+from hybridtrain.service.stack import DATABASES, Stack, process_alive
 
 TIMEOUT_S = 20.0  # generous: a busy host (or a server under load) answers slowly, which is not a failure
 
@@ -128,12 +128,18 @@ def check_postgres(stack: Stack) -> Finding:
     except psycopg2.OperationalError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return Finding("postgres", False, f"{stack.host}:{stack.postgres_port}: {first}; start it with `make up`")
-    with conn:
-        with conn.cursor() as cur:
-            cur.execute("SHOW server_version")
-            version = cur.fetchone()[0]
+    with conn, conn.cursor() as cur:
+        cur.execute("SHOW server_version")
+        version = cur.fetchone()[0]
+        cur.execute("SELECT datname FROM pg_database")
+        missing = sorted(set(DATABASES) - {row[0] for row in cur.fetchall()})
     conn.close()
-    return Finding("postgres", True, f"{stack.host}:{stack.postgres_port} PostgreSQL {version}")
+    if missing:
+        return Finding("postgres", False, f"{stack.host}:{stack.postgres_port} PostgreSQL {version} has no database "
+                                          f"{', '.join(missing)} (the stack's: {', '.join(DATABASES)}); run `make up`, "
+                                          "which creates the missing ones")
+    return Finding("postgres", True, f"{stack.host}:{stack.postgres_port} PostgreSQL {version}, databases "
+                                     f"{', '.join(DATABASES)}")
 
 
 def check_redis(stack: Stack) -> Finding:

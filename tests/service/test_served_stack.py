@@ -23,7 +23,7 @@ from hybridtrain.drill.timeline import wait_until
 from hybridtrain.service.stack import Stack
 from tests.fixtures.prefect_api import prefect_api_at
 from tests.fixtures.workspaces import ROOT
-from tests.service.conftest import FAST_SCHEDULER, hybridtrain_cli
+from tests.service.conftest import FAST_SCHEDULER, hybridtrain_cli, stack_cli
 
 pytestmark = pytest.mark.slow
 WAIT_S = 600.0
@@ -123,6 +123,30 @@ def test_a_sweep_from_a_shell_pointed_at_the_stack_keeps_its_study_in_the_stacks
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE"]
     assert not (served / ".hybridtrain" / "sweeps" / "optuna.db").exists()
     assert stack.client_env()["HYBRIDTRAIN_SWEEP_STORAGE"] == stack.db_url("optuna")
+
+
+def test_the_doctor_names_a_missing_sweeps_database_and_make_up_creates_it(served, client_env):
+    """A stack from before the sweeps' database (``make up`` of an earlier version) lacks ``optuna``: the doctor says
+    so and what to run; ``up`` again creates it and leaves the running parts alone."""
+    import psycopg2
+
+    stack = Stack.load(served)
+    conn = psycopg2.connect(host=stack.host, port=stack.postgres_port, user=stack.db_user, password=stack.db_password,
+                            dbname="postgres", connect_timeout=10)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute('DROP DATABASE "optuna" WITH (FORCE)')  # the earlier test's study connections too
+    conn.close()
+    proc = hybridtrain_cli(served, "doctor", "--quiet")
+    assert proc.returncode == 1
+    assert "PROBLEM postgres: " in proc.stderr and "has no database optuna" in proc.stderr, proc.stderr
+    assert "run `make up`" in proc.stderr
+    pids = {p.name: p.read_text() for p in stack.run_dir.glob("*.pid")}
+    stack_cli(served, "up", "--no-deploy", "--no-doctor")
+    assert {p.name: p.read_text() for p in stack.run_dir.glob("*.pid")} == pids  # nothing restarted
+    proc = hybridtrain_cli(served, "doctor")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "databases prefect, mlflow, optuna" in proc.stdout
 
 
 def test_burst_controller_and_recovery_run_on_their_own_schedules(served, client_env):
