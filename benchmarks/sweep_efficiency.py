@@ -92,16 +92,6 @@ def write_spec(root: Path, name: str, trials: int, parallelism: int, pruner: str
     return path
 
 
-def stack(root: Path, *args: str) -> None:
-    import subprocess
-
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "stack.py"), *args, "--home", str(root)],
-                          check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise SystemExit(f"stack {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                         f"{proc.stderr[-3000:]}")
-
-
 def run_sweep(root: Path, spec: Path):
     from flows.sweep import sweep
 
@@ -174,9 +164,11 @@ def main() -> None:
         Path(tmp).chmod(0o755)  # PostgreSQL runs as its own user when started as root: it must pass through
         root = make_workspace(Path(tmp), args.rows)
         if args.served:
+            from control_plane_load import stack_cmd  # this folder's: `scripts/stack.py` for a workspace
+
             from hybridtrain.service.stack import Stack
 
-            stack(root, "up", "--no-deploy", "--no-workers", "--no-doctor")
+            stack_cmd(root, "up", "--no-deploy", "--no-workers", "--no-doctor")
             os.environ.update(Stack.load(root).client_env())
             print(f"served stack: Prefect {os.environ['PREFECT_API_URL']} on PostgreSQL, study in its database "
                   "optuna", flush=True)
@@ -192,7 +184,7 @@ def main() -> None:
             bench_s = time.perf_counter() - t0
         finally:
             if args.served:
-                stack(root, "down")
+                stack_cmd(root, "down")
 
     durations = [r.train_seconds for r in full.trials]
     ideal = sum(durations) / args.parallelism
