@@ -32,12 +32,44 @@ class LoopbackS3:
     Stopping closes the listener and cuts every live connection (what a crashed server looks
     like to a client: connection reset, then refused). moto keeps its state in process, so after
     ``start()`` (same port) the buckets are still there, like a server with durable storage.
+
+    The port stays this server's while it is stopped: a socket bound to it (``SO_REUSEPORT``, never
+    listening) holds it from the first ``start()`` to ``close()``, so no other process can take it
+    in between and a restart cannot fail with "Address already in use". Connecting while stopped is
+    refused, as it should be: only a listening socket accepts.
     """
 
     def __init__(self) -> None:
         self.port = 0
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self._reserved: socket.socket | None = None
+
+    def _reserve(self) -> None:
+        if self._reserved is None:
+            reserved = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            # SO_REUSEPORT only: our listener (same option, same user) may share the port; a process binding it
+            # with SO_REUSEADDR, or choosing a free port, may not.
+            reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            try:
+                reserved.bind(("127.0.0.1", self.port))
+            except OSError:
+                reserved.close()
+                raise
+            self._reserved = reserved
+            self.port = reserved.getsockname()[1]
+
+    def _listener(self) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the cut connections' TIME_WAIT
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind(("127.0.0.1", self.port))
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
+        return sock
 
     def start(self) -> None:
         from moto.moto_server.werkzeug_app import (  # lazy: heavy (moto)
@@ -58,10 +90,14 @@ class LoopbackS3:
                 self.server.live.discard(self.connection)  # type: ignore[attr-defined]
                 super().finish()
 
-        server = make_server("127.0.0.1", self.port, DomainDispatcherApplication(create_backend_app), True,
-                             request_handler=Tracking)
+        self._reserve()
+        listener = self._listener()
+        try:  # werkzeug serves a duplicate of the listener's descriptor
+            server = make_server("127.0.0.1", self.port, DomainDispatcherApplication(create_backend_app), True,
+                                 request_handler=Tracking, fd=listener.fileno())
+        finally:
+            listener.close()
         server.live = set()  # type: ignore[attr-defined]
-        self.port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="drill s3", daemon=True)
@@ -72,6 +108,7 @@ class LoopbackS3:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
+        """Stop hard: the listener closes and live connections are cut; the port stays reserved for ``start()``."""
         server, self._server = self._server, None
         if server is None:
             return
@@ -82,6 +119,13 @@ class LoopbackS3:
                 conn.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+    def close(self) -> None:
+        """Stop, and give the port back."""
+        self.stop()
+        reserved, self._reserved = self._reserved, None
+        if reserved is not None:
+            reserved.close()
 
 
 SSHD = "/usr/sbin/sshd"

@@ -244,7 +244,7 @@ def s3_down(env: DrillEnv, res: ScenarioResult, tl: Timeline) -> None:
         res.notes.append(f"S3 retries as in production (S3Options(): {options.attempts} attempts, backoff from "
                          f"{options.backoff_s:g} s)")
     finally:
-        server.stop()
+        server.close()
 
 
 @SCENARIOS.register("ssh-down")

@@ -65,7 +65,7 @@ def s3_server():
     server = MotoS3Server()
     server.start()
     yield server
-    server.stop()
+    server.close()
 
 
 @pytest.fixture

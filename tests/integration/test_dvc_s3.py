@@ -103,6 +103,7 @@ def test_a_push_to_a_stopped_endpoint_fails_clearly_and_soon(s3, tmp_path):
     assert time.monotonic() - started < 25
     assert exc.value.site == "cloud-s3" and server.url in str(exc.value)
     assert remote_objects(s3) == {}
+    server.close()
 
 
 def test_secrets_cannot_be_written_as_remote_config(tmp_path, s3):

@@ -203,7 +203,7 @@ def flaky_s3(s3):
     server = MotoS3Server()
     server.start()
     yield server
-    server.stop()
+    server.close()
 
 
 def stop_before(client: Any, operation: str, server: Any, when: Callable[[str], bool]) -> threading.Event:

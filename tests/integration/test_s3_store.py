@@ -187,7 +187,7 @@ def flaky_s3(s3):
     server = MotoS3Server()
     server.start()
     yield server
-    server.stop()
+    server.close()
 
 
 def stop_after(server, nbytes: int) -> tuple[threading.Event, Callable[[int], None]]:
@@ -284,3 +284,32 @@ def test_create_writes_only_where_nothing_is_and_one_of_several_racing_writers_w
     assert len(results) == 4 and len(winners) == 1
     assert st.get_bytes("a/raced") == f"writer {winners[0]}".encode()
     assert [o.key for o in st.list("a/")] == ["a/raced", "a/slot"]  # no temp file left behind
+
+
+def test_a_stopped_server_keeps_its_port_until_closed(s3):
+    """Between ``stop()`` and ``start()`` nobody else can take the port (CI once lost a restart to that race)."""
+    import socket
+
+    from tests.fixtures.s3_server import MotoS3Server
+
+    server = MotoS3Server()
+    server.start()
+    port = server.port
+    server.stop()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    for reuse in (False, True):  # a plain bind, and one with SO_REUSEADDR as most servers bind
+        other = socket.socket()
+        if reuse:
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with pytest.raises(OSError, match="in use"):
+            other.bind(("127.0.0.1", port))
+        other.close()
+    server.start()
+    assert server.port == port
+    with socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass
+    server.close()
+    free = socket.socket()
+    free.bind(("127.0.0.1", port))  # given back
+    free.close()

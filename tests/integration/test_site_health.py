@@ -62,7 +62,7 @@ def flaky_s3(s3):
     server = MotoS3Server()
     server.start()
     yield server
-    server.stop()
+    server.close()
 
 
 def test_s3_stopped_makes_the_store_unhealthy_and_back_again_healthy(s3, flaky_s3, tmp_path):
