@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import pwd
+import random
 import shutil
 import socket
 import subprocess
@@ -212,7 +213,31 @@ def known_host_line(pub: Path, port: int, address: str = "127.0.0.1") -> str:
     return f"[{address}]:{port} {kind} {b64}\n"
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10000
+
+
 def free_port() -> int:
+    """A loopback port nobody holds now, chosen below the kernel's ephemeral range where that leaves room.
+
+    A server that is stopped and started again on its port (the drill's hosts, the tests' "same host,
+    back") must find it free: ports the kernel hands out itself — to outgoing connections and to
+    ``bind(port 0)`` — come from the ephemeral range, so a port from below it is taken in between only
+    by another program asking for that very number.
+    """
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    if low - LOWEST_PORT >= 1000:
+        for _ in range(50):
+            port = random.randrange(LOWEST_PORT, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

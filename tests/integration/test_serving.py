@@ -6,7 +6,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import mlflow.pyfunc
 import numpy as np
 import pytest
 
+from hybridtrain.drill.loopback import free_port
 from hybridtrain.governance.audit_log import AuditLog
 from hybridtrain.governance.signing_key import SigningKey
 from hybridtrain.specs.job import load_spec
@@ -28,8 +28,8 @@ from hybridtrain.stages.promotion import releaser_for
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.workspace import Workspace
 from tests.fixtures.gate_cases import MODEL
-from tests.fixtures.workspaces import make_workspace
 from tests.fixtures.record_models import churn_records, register_version, release_bundle
+from tests.fixtures.workspaces import make_workspace
 
 START_TIMEOUT_S = 120
 
@@ -264,12 +264,6 @@ def test_canary_whose_scores_shift_is_rolled_back_by_the_server(env, onprem):
     records = [r for r in AuditLog.in_workspace(env["root"]).records() if r.action == "canary"]
     assert records[-1].outcome == f"rolled back: onprem-serving keeps v{current}"
     assert any("shifted" in reason for reason in records[-1].inputs["reasons"])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_mlflow_models_serve_scores_records_of_the_champion(env, tmp_path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import mlflow.pyfunc
 import numpy as np
 import pytest
 
+from hybridtrain.drill.loopback import free_port
 from hybridtrain.drill.processes import stop_with_children
 from hybridtrain.governance.audit_log import AuditLog
 from hybridtrain.governance.signing_key import SigningKey
@@ -33,12 +33,6 @@ DEPLOYMENTS = {"onprem": "serve-model/onprem-serving", "cloud": "serve-model/clo
 SERVES_AT = {"onprem": ("onprem-dc1", "onprem-serving"), "cloud": ("cloud-eu", "cloud-serving")}  # site, target
 SERVES = [target for _, target in SERVES_AT.values()]
 START_TIMEOUT_S = 180.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prefect(api: str, root: Path, *args: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import httpx
 import sqlalchemy.exc
 
+from hybridtrain.drill.loopback import free_port
 from orchestration.embedded_server import OneWriterAtATime, RetryLockedRequests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,12 +196,6 @@ def test_writers_wait_in_line_and_readers_do_not():
 
     assert asyncio.run(go()) == [200] * 5
     assert most == {"write": 1, "read": 2}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_eight_clients_writing_at_once_to_the_embedded_server_get_no_503(tmp_path):
