@@ -58,8 +58,12 @@ class UniformProgress:
        stay) on on-demand. A job already on on-demand counts the restart it would pay to come back
        after leaving it: it leaves only with ``margin_s`` to spare after that restart.
     3. Spot is there: take it — except that a job already on on-demand goes back only when it is
-       ahead of the line by more than a restart (no flapping).
-    4. Spot is gone: behind the line → on-demand; ahead → wait for spot.
+       ahead of the line by more than ``to_spot_restarts`` restarts (no flapping).
+    4. Spot is gone: behind the line → on-demand; ahead → wait for spot. A job already on
+       on-demand stops to wait only when ahead by more than ``to_wait_restarts`` restarts: coming
+       back costs a restart, so each stop must buy more than one controller tick of progress (the
+       hysteresis "Can't Be Late" adds to the rule; without it a job whose spot stays gone stops
+       and restarts on-demand every other tick, paying a restart for each tick of work).
 
     Example (start 0 h, 4 h of work, deadline 12 h, so the line asks 1/3 h per hour; restart
     15 min): spot until preempted at 1 h 30 m (1.5 h done, the line asks 0.5 h) → wait. At 4 h 30 m
@@ -71,6 +75,8 @@ class UniformProgress:
     name: ClassVar[str] = "uniform_progress"
     restart_s: float = 300.0
     margin_s: float = 600.0
+    to_spot_restarts: float = 1.0
+    to_wait_restarts: float = 4.0
 
     def choose(self, p: SpotProgress) -> SpotAction:
         if p.deadline is None:
@@ -83,9 +89,11 @@ class UniformProgress:
         line_h = total * min(max((p.now - p.started_at) / span, 0.0), 1.0) if span > 0 else total
         ahead_h = p.work_done_h - line_h
         if p.spot_available:
-            if p.current is SpotAction.on_demand and ahead_h * 3600.0 <= self.restart_s:
+            if p.current is SpotAction.on_demand and ahead_h * 3600.0 <= self.to_spot_restarts * self.restart_s:
                 return SpotAction.on_demand
             return SpotAction.spot
+        if p.current is SpotAction.on_demand and ahead_h * 3600.0 <= self.to_wait_restarts * self.restart_s:
+            return SpotAction.on_demand
         return SpotAction.on_demand if ahead_h < 0 else SpotAction.wait
 
 

@@ -47,7 +47,21 @@ def test_a_run_on_on_demand_leaves_it_only_with_slack_for_the_restart_back():
     rule = UniformProgress(restart_s=300, margin_s=600)
     assert rule.choose(at(0.833, 0.667, 0.75, False, OD, deadline_h=1.158)) is OD
     assert rule.choose(at(0.833, 0.667, 0.75, True, OD, deadline_h=1.158)) is OD  # nor for spot that may go again
-    # with room for the restart back it still stops to wait while ahead of the line
-    assert rule.choose(at(0.833, 0.667, 0.75, False, OD, deadline_h=1.5)) is WAIT
+    # with room for the restart back it still stops to wait while ahead of the line (by more than 4 restarts)
+    assert rule.choose(at(0.833, 0.667, 0.75, False, OD, deadline_h=2.0)) is WAIT
     # a run not on on-demand pays no restart back: the same slack lets it wait
     assert rule.choose(at(0.833, 0.667, 0.75, False, WAIT, deadline_h=1.158 + 5 / 60)) is WAIT
+
+
+def test_on_demand_stops_to_wait_only_when_ahead_by_more_than_four_restarts():
+    """A 2-h trial of the sweep simulation (deadline 14 h away, restart 5 min) whose spot stayed gone for 7 h used to
+    run one 10-min tick on on-demand, stop (ahead by 8.6 min), fall behind the line and restart: a restart for every
+    tick of work. Now it stays on on-demand until 20 min ahead; a run that is not on on-demand waits as before."""
+    rule = UniformProgress(restart_s=300, margin_s=600)
+    line = 2.0 * 1.0 / 14.0  # the line's progress after 1 h
+    assert rule.choose(at(1.0, line + 15 / 60, 2.0, False, OD, deadline_h=14.0)) is OD  # ahead by 3 restarts
+    assert rule.choose(at(1.0, line + 21 / 60, 2.0, False, OD, deadline_h=14.0)) is WAIT  # ahead by more than 4
+    assert rule.choose(at(1.0, line + 1 / 60, 2.0, False, WAIT, deadline_h=14.0)) is WAIT  # not on on-demand
+    assert rule.choose(at(1.0, line + 6 / 60, 2.0, True, OD, deadline_h=14.0)) is SPOT  # spot back: 1 restart suffices
+    assert UniformProgress(restart_s=300, margin_s=600, to_wait_restarts=0).choose(
+        at(1.0, line + 1 / 60, 2.0, False, OD, deadline_h=14.0)) is WAIT  # the rule without hysteresis
