@@ -1,10 +1,10 @@
 """The sweep flow on a real Prefect server, MLflow and DVC: trials as subflow runs, real Optuna storage, real pruning.
 
 One sweep of 4 trials, one at a time, with the trials' values enqueued in the study beforehand (as
-``study.enqueue_trial`` lets a user seed a sweep), so each trial's fate is known whatever the timing: a good
-one completes, one whose values the model refuses (a dropout of 1.5, enqueued by hand outside the sweep's
-range) fails without stopping the sweep, a second good one completes, and one with a learning rate too small
-to learn in an epoch is pruned by the median pruner early. The best goes through the gates. (Trials side by
+``study.enqueue_trial`` lets a user seed a sweep), so each trial's fate is known whatever the timing: two good
+ones complete, one whose values the model refuses (a dropout of 1.5, enqueued by hand outside the sweep's
+range) fails without stopping the sweep, and one with a learning rate too small to learn in an epoch is pruned
+by the median pruner early. The best goes through the gates. (Trials side by
 side: ``tests/unit/test_sweep_slots.py`` and, in two pools, ``tests/integration/test_sweep_pools.py``; with
 two slots here, trials 2 and 3 ran together in CI and 3 finished before the pruner had its two trials.)
 """
@@ -27,12 +27,16 @@ SWEEP = {
     "parameters": {"learning_rate": {"type": "float", "low": 1e-6, "high": 0.1, "log": True},
                    "dropout": {"type": "float", "low": 0.0, "high": 0.5}},
 }
-# One at a time: the pruner starts after two finished trials (0 and 2, the failed 1 does not count), so
+# One at a time: the pruner starts after two finished trials (0 and 1, the failed 2 does not count), so
 # neither good trial can be pruned, and trial 3, far behind both, is pruned at its first report after warm-up.
+# The sweep asks a trial when one ends, and a ready trial may take a free slot before an earlier-asked one that
+# is still getting ready: trial 3 is asked only once both good trials have ended, so it always meets the pruner
+# with two finished trials. (With the failed trial second, trials 2 and 3 were asked 40 ms apart and 3 once
+# trained first, with one finished trial, and completed.)
 ENQUEUED = [
     {"learning_rate": 0.01, "dropout": 0.1},       # 0: completes
-    {"learning_rate": 0.01, "dropout": 1.5},       # 1: the model refuses it -> failed
-    {"learning_rate": 0.003, "dropout": 0.0},      # 2: completes
+    {"learning_rate": 0.003, "dropout": 0.0},      # 1: completes
+    {"learning_rate": 0.01, "dropout": 1.5},       # 2: the model refuses it -> failed
     {"learning_rate": 1e-6, "dropout": 0.4},       # 3: pruned early
 ]
 
@@ -63,12 +67,12 @@ def test_sweep_runs_trials_as_subflows_prunes_survives_a_failure_and_promotes_th
     summary = sweep(spec_path=str(spec), workspace=str(root), dispatch="inline")
 
     states = {r.trial: r.state for r in summary.trials}
-    assert states[1] == "failed" and states[0] == "complete" and states[2] == "complete", summary.trials
+    assert states[2] == "failed" and states[0] == "complete" and states[1] == "complete", summary.trials
     assert states[3] == "pruned"
     pruned = next(r for r in summary.trials if r.trial == 3)
     assert pruned.epochs < 3  # stopped early, not after its 3 epochs
-    assert summary.best_trial in (0, 2) and summary.best_value > 0.6
-    failed = next(r for r in summary.trials if r.trial == 1)
+    assert summary.best_trial in (0, 1) and summary.best_value > 0.6
+    failed = next(r for r in summary.trials if r.trial == 2)
     assert "model.dropout" in failed.message and failed.epochs == 0
     assert summary.trial_epochs == 3 + 3 + pruned.epochs
     # The study in the workspace's SQLite file says the same.
@@ -96,7 +100,7 @@ def test_sweep_runs_trials_as_subflows_prunes_survives_a_failure_and_promotes_th
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["sweep-churn-summary"])))[0].data
     assert "sweep/optimization_history.png" in note and "sweep/param_importances.png" in note  # links to MLflow
     rows = json.loads(rows) if isinstance(rows, str) else rows
-    assert [r["state"] for r in rows] == ["complete", "failed", "complete", "pruned"]
+    assert [r["state"] for r in rows] == ["complete", "complete", "failed", "pruned"]
     assert {"trial", "params", "metric", "state", "site", "capacity class", "cost (USD)"} <= set(rows[0])
 
     # The best went through the gates; the plots are in MLflow; every trial's cost is in the version's ledger.
