@@ -129,7 +129,7 @@ def simulate(trials: int, parallelism: int) -> None:
         for tag, r in (("all-on-demand", c.on_demand), ("ours, equal", c.ours_equal), ("ours, slack", c.ours_slack)):
             print(f"  {label:6s} {tag:14s} ${r.cost_usd:8.2f}  done in {r.completion_h:5.1f} h  missed "
                   f"{r.missed}  spot {r.spot_gpu_hours:.1f} / on-demand {r.on_demand_gpu_hours:.1f} / on-prem "
-                  f"{r.onprem_gpu_hours:.1f} GPU-h, {r.preemptions} preemptions")
+                  f"{r.onprem_gpu_hours:.1f} GPU-h, {r.preemptions} preemptions, {r.failovers} failovers")
     equal = [c.ratio_equal for _, c in runs]
     slack = [c.ratio_slack for _, c in runs]
     late = max(c.ours_slack.completion_h - c.on_demand.completion_h for _, c in runs)

@@ -6,7 +6,8 @@ attributed once —
 - ``onprem_gpu_hours × speed(on-prem) + (spot + on-demand − restart overhead) × speed(cloud site)
   = gpus × true hours + lost (redone) GPU-hours`` (reference GPU-hours);
 - ``onprem_usd = onprem_gpu_hours × the on-prem price`` and ``compute_usd − onprem_usd =
-  spot GPU-hours × spot price + on-demand GPU-hours × on-demand price`` at the job's cloud site;
+  spot GPU-hours × spot price + on-demand GPU-hours × on-demand price`` at the job's cloud site (for a
+  spot run that failed over between sites, per leg at each leg's site, the legs adding up to the totals);
 - a placed job starts no earlier than it arrives and finishes no earlier than it starts.
 
 A violation is a simulator bug, never a user mistake: ``ConservationError`` names the job and the
@@ -50,8 +51,17 @@ def check_conservation(scenario: Scenario, outcomes: Sequence[Outcome]) -> None:
                 raise ConservationError(f"job {job.id}: unplaceable but charged")
             continue
         site = scenario.site(o.site) if o.cloud else None
-        s_cloud = cm.speed(site) if site is not None else 1.0
-        executed = o.onprem_gpu_hours * s_on + (o.spot_gpu_hours + o.od_gpu_hours - o.overhead_gpu_hours) * s_cloud
+        legs = o.legs
+        if legs:  # a spot run that failed over: each leg at its own site's speed and prices
+            if legs[-1].site != o.site or any(not _close(sum(getattr(leg, f) for leg in legs), getattr(o, f))
+                                              for f in ("spot_gpu_hours", "od_gpu_hours", "overhead_gpu_hours")):
+                raise ConservationError(f"job {job.id}: its cloud legs do not add up to its outcome")
+            cloud_executed = sum((leg.spot_gpu_hours + leg.od_gpu_hours - leg.overhead_gpu_hours)
+                                 * cm.speed(scenario.site(leg.site)) for leg in legs)
+        else:
+            s_cloud = cm.speed(site) if site is not None else 1.0
+            cloud_executed = (o.spot_gpu_hours + o.od_gpu_hours - o.overhead_gpu_hours) * s_cloud
+        executed = o.onprem_gpu_hours * s_on + cloud_executed
         needed = job.gpu_hours + o.lost_gpu_hours
         if not _close(executed, needed):
             raise ConservationError(
@@ -61,7 +71,10 @@ def check_conservation(scenario: Scenario, outcomes: Sequence[Outcome]) -> None:
             raise ConservationError(f"job {job.id}: on-prem spend {o.onprem_usd:.6f} ≠ "
                                     f"{o.onprem_gpu_hours:.6f} GPU-h × {p_on:.4f}")
         cloud_compute = 0.0
-        if site is not None:
+        if legs:
+            cloud_compute = sum(leg.spot_gpu_hours * (scenario.site(leg.site).spot_price_per_gpu_hour or 0.0)
+                                + leg.od_gpu_hours * scenario.site(leg.site).gpu_hour_price for leg in legs)
+        elif site is not None:
             cloud_compute = o.spot_gpu_hours * (site.spot_price_per_gpu_hour or 0.0) + o.od_gpu_hours * site.gpu_hour_price
         elif o.spot_gpu_hours or o.od_gpu_hours:
             raise ConservationError(f"job {job.id}: cloud GPU-hours on an on-prem outcome")

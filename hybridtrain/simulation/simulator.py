@@ -104,6 +104,19 @@ class Contender:
     urgent_pass: bool = False  # a controller pass as soon as an urgent run is queued, not at the next tick
     #: the policy's ``miss_above_usd`` for onprem_first and deadline_spot (None: as the policy file says)
     miss_above_usd: float | None = None
+    #: a spot run whose spot is gone, about to fall back to on-demand, moves to another allowed site's
+    #: spot when that is there and cheaper (``Simulation.failover_site``), as the live recovery re-places it
+    spot_failover: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CloudLeg:
+    """The part of a spot run at one cloud site, when it failed over between sites (GPU-hours)."""
+
+    site: str
+    spot_gpu_hours: float = 0.0
+    od_gpu_hours: float = 0.0
+    overhead_gpu_hours: float = 0.0
 
 
 @dataclass(slots=True)
@@ -128,6 +141,13 @@ class Outcome:
     lost_gpu_hours: float = 0.0  # work redone after an eviction or preemption, reference GPU-hours
     onprem_usd: float = 0.0  # the part of ``compute_usd`` spent on-prem
     overhead_gpu_hours: float = 0.0  # billed restart time (no progress), at the cloud site
+    #: per cloud site, in order, when a spot run failed over (empty: it ran at ``site`` only);
+    #: ``site`` is then the last one and the GPU-hour fields are the sums over the legs
+    legs: tuple[CloudLeg, ...] = ()
+
+    @property
+    def failovers(self) -> int:
+        return max(len(self.legs) - 1, 0)
 
     @property
     def cost_usd(self) -> float:
@@ -508,7 +528,7 @@ class Simulation:
                       egress_usd=egress)
         if klass is CapacityClass.opportunistic:
             planned = req.max_run_hours if self.ct.spot_work == "limit" else req.run_hours
-            self.run_spot(out, site, begin, work_h, planned / cm.speed(site))
+            self.run_spot(out, site, begin, work_h, planned / cm.speed(site), req)
         else:
             out.finish = begin + work_h * 3600.0
             out.od_gpu_hours = job.gpus * work_h
@@ -516,23 +536,47 @@ class Simulation:
         self.outcomes[job.id] = self.merge(out)
         self.push(out.finish, "observe", (job, job.true_hours))
 
-    def run_spot(self, out: Outcome, site: Site, begin: float, work_h: float, planned_h: float) -> None:
-        """Replay one spot run against the site's trace under the contender's spot rule."""
-        trace = self.sc.spot_traces[site.name]
+    def run_spot(self, out: Outcome, site: Site, begin: float, work_h: float, planned_h: float,
+                 req: ResourceRequest | None = None) -> None:
+        """Replay one spot run against the site's trace under the contender's spot rule.
+
+        With ``req`` and the contender's ``spot_failover``, a run about to fall back to on-demand
+        because spot is gone here moves to another site's spot instead when ``failover_site`` finds
+        one (from its last checkpoint, after that site's start-up and the sync; the checkpoint
+        and the dataset are paid for), and goes on there under the same rule.
+        """
         rule = self.ct.spot_rule
-        restart_h = self.sc.cost_model.restart_s / 3600.0
+        cm = self.sc.cost_model
+        restart_h = cm.restart_s / 3600.0
         tick_s = self.ct.controller_interval_s
         ckpt_h = out.job.checkpoint_interval_s / 3600.0
         deadline = out.job.deadline
+        gpus = out.job.gpus
+        first = site
         t, done, current = begin, 0.0, SpotAction.wait
-        spot_h = od_h = lost = overhead = 0.0
+        spot_h = od_h = overhead = lost_ref = 0.0
+        legs: list[CloudLeg] = []
         preemptions = 0
         fresh = True  # the first launch's start-up is already counted
         while done < work_h - 1e-9:
+            trace = self.sc.spot_traces[site.name]
             avail = trace.is_available(t)
             action = rule.choose(SpotProgress(
                 now=t, started_at=begin, deadline=deadline, work_done_h=done,
                 work_left_h=max(planned_h - done, 0.0), spot_available=avail, current=current))
+            if action is SpotAction.on_demand and not avail and current is SpotAction.wait and req is not None \
+                    and self.ct.spot_failover:
+                move = self.failover_site(out.job, req, site, t, begin, done, work_h, planned_h)
+                if move is not None:
+                    to, delay_s, move_usd = move
+                    legs.append(CloudLeg(site.name, gpus * spot_h, gpus * od_h, gpus * overhead))
+                    spot_h = od_h = overhead = 0.0
+                    scale = cm.speed(site) / cm.speed(to)  # the same work in the new site's hours
+                    done, work_h, planned_h = done * scale, work_h * scale, planned_h * scale
+                    ckpt_h *= scale
+                    out.egress_usd += move_usd
+                    site, t, fresh = to, t + delay_s, False  # a relaunch there: its restart is billed
+                    continue
             if action is SpotAction.wait:
                 current = SpotAction.wait
                 t = min(trace.next_change(t) if not avail else t + tick_s, t + tick_s)
@@ -560,7 +604,7 @@ class Simulation:
                 t = until
                 if done < work_h - 1e-9:  # preempted: back to the last checkpoint
                     kept = math.floor(done / ckpt_h + 1e-9) * ckpt_h
-                    lost += done - kept
+                    lost_ref += gpus * (done - kept) * cm.speed(site)
                     done = kept
                     preemptions += 1
                     current = SpotAction.wait
@@ -570,11 +614,64 @@ class Simulation:
                 od_h += ran_h
                 done += ran_h
                 t = until
-        gpus = out.job.gpus
         out.finish = t
-        out.spot_gpu_hours = gpus * spot_h
-        out.od_gpu_hours = gpus * od_h
         out.preemptions = preemptions
-        out.lost_gpu_hours = gpus * lost * self.sc.cost_model.speed(site)
-        out.overhead_gpu_hours = gpus * overhead
-        out.compute_usd = out.spot_gpu_hours * (site.spot_price_per_gpu_hour or 0.0) + out.od_gpu_hours * site.gpu_hour_price
+        out.lost_gpu_hours = lost_ref
+        if legs:
+            legs.append(CloudLeg(site.name, gpus * spot_h, gpus * od_h, gpus * overhead))
+            out.legs = tuple(legs)
+            out.site = site.name
+            # the final checkpoint goes home from the last site, not the first
+            out.egress_usd += out.job.checkpoint_bytes / GB * (site.egress_per_gb - first.egress_per_gb)
+        else:
+            legs = [CloudLeg(site.name, gpus * spot_h, gpus * od_h, gpus * overhead)]
+        out.spot_gpu_hours = math.fsum(leg.spot_gpu_hours for leg in legs)
+        out.od_gpu_hours = math.fsum(leg.od_gpu_hours for leg in legs)
+        out.overhead_gpu_hours = math.fsum(leg.overhead_gpu_hours for leg in legs)
+        out.compute_usd = math.fsum(leg_usd(self.sc.site(leg.site), leg) for leg in legs)
+
+    def failover_site(self, job: SimJob, req: ResourceRequest, here: Site, t: float, begin: float, done: float,
+                      work_h: float, planned_h: float) -> tuple[Site, float, float] | None:
+        """Where a spot run whose spot is gone at ``here`` goes instead of on-demand here: the allowed
+        site (the engine's candidates for ``req``: policy, jurisdiction and caps apply) with the
+        cheapest spot that is there now, cheaper than on-demand here by more than moving costs
+        (the checkpoint out of ``here``, the dataset in), and still on the line by the deadline
+        once the run has started there (the spot rule there would take spot, not on-demand).
+        Returns (site, seconds before it can run there, USD of the move), or None: stay.
+
+        The live recovery does the same on a spot notice: it places the run again with the site
+        that took its capacity back left out (``hybridtrain.training.recovery``).
+        """
+        cm = self.sc.cost_model
+        src = self.sc.site(self.data_site)
+        left_h = max(work_h - done, 0.0) * cm.speed(here)  # reference hours still to run
+        best = None
+        for c in self.engine.plan_for(req).cands:
+            if not c.spot or c.site == here.name or c.site not in self.sc.spot_traces:
+                continue
+            to = self.sc.site(c.site)
+            if to.spot_price_per_gpu_hour is None or not self.sc.spot_traces[to.name].is_available(t):
+                continue
+            remote = to.name != self.data_site
+            ckpt_gb, data_gb = job.checkpoint_bytes / GB, (job.dataset_bytes / GB if remote else 0.0)
+            move_usd = ckpt_gb * here.egress_per_gb + data_gb * src.egress_per_gb
+            sync_s = (job.checkpoint_bytes + (job.dataset_bytes if remote else 0)) * 8 / (
+                min(here.bandwidth_mbps, src.bandwidth_mbps, to.bandwidth_mbps) * 1e6)
+            delay_s = cm.startup(to) + sync_s
+            saved = job.gpus * left_h * (here.gpu_hour_price / cm.speed(here) - to.spot_price_per_gpu_hour / cm.speed(to))
+            if saved <= move_usd:
+                continue
+            scale = cm.speed(here) / cm.speed(to)
+            there = self.ct.spot_rule.choose(SpotProgress(
+                now=t + delay_s, started_at=begin, deadline=job.deadline, work_done_h=done * scale,
+                work_left_h=max(planned_h - done, 0.0) * scale, spot_available=True, current=SpotAction.wait))
+            if there is not SpotAction.spot:
+                continue
+            if best is None or to.spot_price_per_gpu_hour < best[0].spot_price_per_gpu_hour:
+                best = (to, delay_s, move_usd)
+        return best
+
+
+def leg_usd(site: Site, leg: CloudLeg) -> float:
+    """Compute spend of one cloud leg at its site's spot and on-demand prices."""
+    return leg.spot_gpu_hours * (site.spot_price_per_gpu_hour or 0.0) + leg.od_gpu_hours * site.gpu_hour_price

@@ -86,6 +86,7 @@ class SweepReplay:
     on_demand_gpu_hours: float
     onprem_gpu_hours: float
     preemptions: int
+    failovers: int = 0  # spot runs moved to another site's spot when theirs was gone
 
 
 def sweep_outcome(name: str, outcomes: Sequence[Outcome], arrival: float) -> SweepReplay:
@@ -95,7 +96,8 @@ def sweep_outcome(name: str, outcomes: Sequence[Outcome], arrival: float) -> Swe
         contender=name, cost_usd=math.fsum(o.cost_usd for o in trials), completion_h=(finish - arrival) / 3600,
         missed=sum(o.missed for o in trials), spot_gpu_hours=math.fsum(o.spot_gpu_hours for o in trials),
         on_demand_gpu_hours=math.fsum(o.od_gpu_hours for o in trials),
-        onprem_gpu_hours=math.fsum(o.onprem_gpu_hours for o in trials), preemptions=sum(o.preemptions for o in trials))
+        onprem_gpu_hours=math.fsum(o.onprem_gpu_hours for o in trials), preemptions=sum(o.preemptions for o in trials),
+        failovers=sum(o.failovers for o in trials))
 
 
 def compare(scenario: Scenario, trace_jobs: Sequence[SimJob], workload: SweepWorkload, arrival: float,
