@@ -260,25 +260,28 @@ def pick(tried: Sequence[dict], reference_misses: int, reference_window_misses: 
     """The setting the tuning keeps.
 
     Allowed: those missing no more deadlines than the reference (a setting with a deadline value:
-    at most ``MISS_MARGIN`` × them). Among those, the ones within one standard error (``cost_se``)
-    of the cheapest cost the same — a cost difference smaller than its window-to-window noise does
+    at most ``MISS_MARGIN`` × them). The misses line comes first: if some allowed settings stay
+    under it by more than the line's own noise (``clear_of_the_line``, per window against
+    ``reference_window_misses``), the cheapest of those — a setting that only just makes the line
+    on the tuning part is not kept for being cheaper (misses ≤ the reference is a goal line, cost a
+    ratio with room). If none does, the ones within one standard error (``cost_se``) of the
+    cheapest allowed cost the same — a cost difference smaller than its window-to-window noise does
     not tell two settings apart on other jobs (the one-standard-error rule of model selection:
     Breiman et al. 1984; Hastie, Tibshirani and Friedman, *Elements of Statistical Learning*
-    §7.10). Of those, the cheapest that stays under its misses line by more than the line's own
-    noise (``clear_of_the_line``, per window against ``reference_window_misses``); if none does,
-    the one with the fewest misses — misses ≤ the reference is a goal line, cost a ratio with room.
-    If no setting misses as few deadlines as the reference, the one that misses fewest.
+    §7.10) — and of those the one with the fewest misses. If no setting misses as few deadlines as
+    the reference, the one that misses fewest.
     """
     ok = [g for g in tried if g["misses"] <= allowed_share(g) * reference_misses]
     if not ok:
         return min(tried, key=lambda g: (g["misses"], g["total_usd"]))
-    cheapest = min(ok, key=lambda g: g["total_usd"])
-    near = sorted((g for g in ok if g["total_usd"] - cheapest["total_usd"] <= cost_se(g, cheapest)),
-                  key=lambda g: g["total_usd"])
     if not reference_window_misses:
-        return near[0]
-    clear = [g for g in near if clear_of_the_line(g, reference_window_misses)]
-    return clear[0] if clear else min(near, key=lambda g: (g["misses"], g["total_usd"]))
+        return min(ok, key=lambda g: g["total_usd"])
+    clear = [g for g in ok if clear_of_the_line(g, reference_window_misses)]
+    if clear:
+        return min(clear, key=lambda g: g["total_usd"])
+    cheapest = min(ok, key=lambda g: g["total_usd"])
+    near = [g for g in ok if g["total_usd"] - cheapest["total_usd"] <= cost_se(g, cheapest)]
+    return min(near, key=lambda g: (g["misses"], g["total_usd"]))
 
 
 def tune(scenario: Scenario, jobs: Sequence[SimJob], grid: Sequence[tuple[float, float | None]] = GRID,
@@ -289,10 +292,10 @@ def tune(scenario: Scenario, jobs: Sequence[SimJob], grid: Sequence[tuple[float,
     plans a run with, and the (lower) quantile the runs queued behind it assume for it, with the
     policy file's deadline value; then, with the two cheapest of those, each of ``miss_values`` as
     what a deadline is worth (``OnPremFirst.miss_above_usd``) — kept only if it misses at most
-    ``MISS_MARGIN`` × the reference's misses. Settings within one standard error of the cheapest
-    (over ``COST_WINDOWS`` windows of the tuning part) count as costing the same: the cheapest of
-    them clear of its misses line by more than its noise wins, else the one missing fewest
-    (``pick``). If no setting misses as few deadlines as the reference, the one that misses fewest.
+    ``MISS_MARGIN`` × the reference's misses. The cheapest of them clear of its misses line by more
+    than the line's noise wins; if none is, the one missing fewest among those within one standard
+    error of the cheapest (over ``COST_WINDOWS`` windows of the tuning part; ``pick``). If no setting
+    misses as few deadlines as the reference, the one that misses fewest.
     """
     cuts = window_cuts(jobs)
     ref, ref_outcomes = replay_outcomes(scenario, contenders(threshold_limits=(0,))[2], jobs)

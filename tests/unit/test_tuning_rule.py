@@ -1,6 +1,6 @@
-"""The tuning rule (``comparison.pick``): settings whose cost difference is within its own window-to-window
-noise cost the same; of those the cheapest clear of its misses line by more than the line's noise is kept,
-else the one missing fewest; a real saving still wins."""
+"""The tuning rule (``comparison.pick``): the cheapest setting clear of its misses line by more than the
+line's noise is kept; when none is, settings whose cost difference is within its own window-to-window
+noise cost the same and the one missing fewest of them is kept; a real saving still wins."""
 
 from __future__ import annotations
 
@@ -24,14 +24,19 @@ FEWER_MISSES = setting(0.9, 20.0, [0, 0, 3, 1], [1948.0, 645.0, 2865.0, 1697.0])
 NO_VALUE = setting(0.9, None, [0, 0, 2, 0], [2020.0, 644.0, 3137.0, 1667.0])  # $320 dearer, mostly in one quarter
 
 
-def test_a_saving_smaller_than_its_noise_does_not_buy_a_miss_near_the_line():
-    # Regression (issue #21, loose 1.57x): the cheapest setting, $8 and one miss from the next, 5 misses where
-    # 5.1 were allowed, was kept; on the report half it missed more deadlines than bursting at the first
-    # queued job on 3 of 5 seeds.
-    assert FEWER_MISSES["total_usd"] - CHEAPEST["total_usd"] < cost_se(FEWER_MISSES, CHEAPEST)
-    assert not clear_of_the_line(CHEAPEST, REFERENCE)
-    assert pick([CHEAPEST, FEWER_MISSES, NO_VALUE], 6, REFERENCE) is FEWER_MISSES
+def test_a_setting_clear_of_the_line_beats_cheaper_ones_that_only_just_make_it():
+    # Regression (issue #21, loose 1.57x): the cheapest setting, 5 misses where 5.1 were allowed, was kept;
+    # on the report half it missed more deadlines than bursting at the first queued job on 3 of 5 seeds.
+    # Then (spot failover, 11-28) the next one, 4 misses, fell out of its cost noise and the same happened.
+    assert not clear_of_the_line(CHEAPEST, REFERENCE) and not clear_of_the_line(FEWER_MISSES, REFERENCE)
+    assert clear_of_the_line(NO_VALUE, REFERENCE)
+    assert pick([CHEAPEST, FEWER_MISSES, NO_VALUE], 6, REFERENCE) is NO_VALUE
     assert pick([CHEAPEST, FEWER_MISSES, NO_VALUE], 6) is CHEAPEST  # without windows: the cheapest, as before
+
+
+def test_with_none_clear_a_saving_smaller_than_its_noise_does_not_buy_a_miss():
+    assert FEWER_MISSES["total_usd"] - CHEAPEST["total_usd"] < cost_se(FEWER_MISSES, CHEAPEST)
+    assert pick([CHEAPEST, FEWER_MISSES], 6, REFERENCE) is FEWER_MISSES
 
 
 def test_the_cheapest_is_kept_when_it_is_clear_of_the_line():
@@ -44,6 +49,7 @@ def test_the_cheapest_is_kept_when_it_is_clear_of_the_line():
 
 
 def test_a_saving_larger_than_its_noise_wins():
+    # neither is clear of the line: the cost decides when the difference is real
     steady = setting(0.9, 20.0, [0, 0, 3, 1], [w + 30.0 for w in CHEAPEST["window_usd"]])  # $120 dearer in every quarter
     assert cost_se(steady, CHEAPEST) == pytest.approx(0.0)
     assert pick([CHEAPEST, steady], 6, REFERENCE) is CHEAPEST
