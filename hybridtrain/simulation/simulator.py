@@ -15,8 +15,10 @@ checkpoint and resumes (queued again here, or elsewhere) from it. Cloud capacity
 queue); a cloud run starts after the pool's start-up and the dataset sync (bytes at the slower
 bandwidth) and runs at the site's speed. A spot run follows its ``SpotRule`` at every trace change
 and every controller tick; a preemption loses the work since the last checkpoint (every
-``checkpoint_interval_s`` of progress) and each (re)start costs ``restart_s``, billed. The burst
-controller runs every ``controller_interval_s`` while runs wait.
+``checkpoint_interval_s`` of progress) and each (re)start costs ``restart_s``, billed. When the rule
+would fall back to on-demand because spot is gone at the run's site, the run fails over to another
+allowed site's spot if that is there and pays (``Simulation.failover_site``; spend kept per site in
+``Outcome.legs``). The burst controller runs every ``controller_interval_s`` while runs wait.
 
 Costs: on-prem GPU-hours at the site's amortized price; cloud GPU-hours at list (on-demand) or
 catalog spot price; egress for the dataset (at the data site's price) and the final checkpoint
