@@ -86,7 +86,7 @@ class SweepReplay:
     on_demand_gpu_hours: float
     onprem_gpu_hours: float
     preemptions: int
-    failovers: int = 0  # spot runs moved to another site's spot when theirs was gone
+    failovers: int = 0  # moves of spot runs to another site's spot when theirs was gone
 
 
 def sweep_outcome(name: str, outcomes: Sequence[Outcome], arrival: float) -> SweepReplay:
