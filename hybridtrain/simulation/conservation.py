@@ -35,6 +35,11 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)
 
 
+def cloud_compute_usd(site, spot_gpu_hours: float, od_gpu_hours: float) -> float:
+    """Compute spend at one cloud site (``specs.sites.Site``): spot at its spot price, on-demand at its list price."""
+    return spot_gpu_hours * (site.spot_price_per_gpu_hour or 0.0) + od_gpu_hours * site.gpu_hour_price
+
+
 def check_conservation(scenario: Scenario, outcomes: Sequence[Outcome]) -> None:
     """Raise ``ConservationError`` for the first outcome whose work or spend does not add up."""
     cm = scenario.cost_model
@@ -51,17 +56,19 @@ def check_conservation(scenario: Scenario, outcomes: Sequence[Outcome]) -> None:
                 raise ConservationError(f"job {job.id}: unplaceable but charged")
             continue
         site = scenario.site(o.site) if o.cloud else None
-        legs = o.legs
-        if legs:  # a spot run that failed over: each leg at its own site's speed and prices
-            if legs[-1].site != o.site or any(not _close(sum(getattr(leg, f) for leg in legs), getattr(o, f))
-                                              for f in ("spot_gpu_hours", "od_gpu_hours", "overhead_gpu_hours")):
+        if o.legs:  # a spot run that failed over: each leg at its own site's speed and prices
+            if o.legs[-1].site != o.site or any(not _close(sum(getattr(leg, f) for leg in o.legs), getattr(o, f))
+                                                for f in ("spot_gpu_hours", "od_gpu_hours", "overhead_gpu_hours")):
                 raise ConservationError(f"job {job.id}: its cloud legs do not add up to its outcome")
-            cloud_executed = sum((leg.spot_gpu_hours + leg.od_gpu_hours - leg.overhead_gpu_hours)
-                                 * cm.speed(scenario.site(leg.site)) for leg in legs)
+            parts = [(scenario.site(leg.site), leg.spot_gpu_hours, leg.od_gpu_hours, leg.overhead_gpu_hours)
+                     for leg in o.legs]
+        elif site is not None:
+            parts = [(site, o.spot_gpu_hours, o.od_gpu_hours, o.overhead_gpu_hours)]
+        elif o.spot_gpu_hours or o.od_gpu_hours:
+            raise ConservationError(f"job {job.id}: cloud GPU-hours on an on-prem outcome")
         else:
-            s_cloud = cm.speed(site) if site is not None else 1.0
-            cloud_executed = (o.spot_gpu_hours + o.od_gpu_hours - o.overhead_gpu_hours) * s_cloud
-        executed = o.onprem_gpu_hours * s_on + cloud_executed
+            parts = []
+        executed = o.onprem_gpu_hours * s_on + sum((sp + od - ovh) * cm.speed(at) for at, sp, od, ovh in parts)
         needed = job.gpu_hours + o.lost_gpu_hours
         if not _close(executed, needed):
             raise ConservationError(
@@ -70,14 +77,7 @@ def check_conservation(scenario: Scenario, outcomes: Sequence[Outcome]) -> None:
         if not _close(o.onprem_usd, o.onprem_gpu_hours * p_on):
             raise ConservationError(f"job {job.id}: on-prem spend {o.onprem_usd:.6f} ≠ "
                                     f"{o.onprem_gpu_hours:.6f} GPU-h × {p_on:.4f}")
-        cloud_compute = 0.0
-        if legs:
-            cloud_compute = sum(leg.spot_gpu_hours * (scenario.site(leg.site).spot_price_per_gpu_hour or 0.0)
-                                + leg.od_gpu_hours * scenario.site(leg.site).gpu_hour_price for leg in legs)
-        elif site is not None:
-            cloud_compute = o.spot_gpu_hours * (site.spot_price_per_gpu_hour or 0.0) + o.od_gpu_hours * site.gpu_hour_price
-        elif o.spot_gpu_hours or o.od_gpu_hours:
-            raise ConservationError(f"job {job.id}: cloud GPU-hours on an on-prem outcome")
+        cloud_compute = sum(cloud_compute_usd(at, sp, od) for at, sp, od, _ in parts)
         if not _close(o.compute_usd - o.onprem_usd, cloud_compute):
             raise ConservationError(f"job {job.id}: cloud compute {o.compute_usd - o.onprem_usd:.6f} ≠ "
                                     f"{cloud_compute:.6f} from its cloud GPU-hours")

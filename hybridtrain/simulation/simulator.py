@@ -54,7 +54,7 @@ from hybridtrain.placement.queue_state import (
 from hybridtrain.placement.request import GB, DataTier, ResourceRequest
 from hybridtrain.placement.spot_rule import Greedy, SpotAction, SpotProgress, SpotRule, UniformProgress
 from hybridtrain.placement.strategy import Choice, Strategy, ThresholdBurst
-from hybridtrain.simulation.conservation import ConservationError, check_conservation
+from hybridtrain.simulation.conservation import ConservationError, check_conservation, cloud_compute_usd
 from hybridtrain.simulation.traces import SpotTrace
 from hybridtrain.simulation.workload import SimJob
 from hybridtrain.specs.sites import CapacityClass, Site
@@ -619,18 +619,17 @@ class Simulation:
         out.finish = t
         out.preemptions = preemptions
         out.lost_gpu_hours = lost_ref
-        if legs:
-            legs.append(CloudLeg(site.name, gpus * spot_h, gpus * od_h, gpus * overhead))
+        legs.append(CloudLeg(site.name, gpus * spot_h, gpus * od_h, gpus * overhead))
+        if len(legs) > 1:
             out.legs = tuple(legs)
             out.site = site.name
             # the final checkpoint goes home from the last site, not the first
             out.egress_usd += out.job.checkpoint_bytes / GB * (site.egress_per_gb - first.egress_per_gb)
-        else:
-            legs = [CloudLeg(site.name, gpus * spot_h, gpus * od_h, gpus * overhead)]
         out.spot_gpu_hours = math.fsum(leg.spot_gpu_hours for leg in legs)
         out.od_gpu_hours = math.fsum(leg.od_gpu_hours for leg in legs)
         out.overhead_gpu_hours = math.fsum(leg.overhead_gpu_hours for leg in legs)
-        out.compute_usd = math.fsum(leg_usd(self.sc.site(leg.site), leg) for leg in legs)
+        out.compute_usd = math.fsum(cloud_compute_usd(self.sc.site(leg.site), leg.spot_gpu_hours, leg.od_gpu_hours)
+                                    for leg in legs)
 
     def failover_site(self, job: SimJob, req: ResourceRequest, here: Site, t: float, begin: float, done: float,
                       work_h: float, planned_h: float) -> tuple[Site, float, float] | None:
@@ -673,7 +672,3 @@ class Simulation:
                 best = (to, delay_s, move_usd)
         return best
 
-
-def leg_usd(site: Site, leg: CloudLeg) -> float:
-    """Compute spend of one cloud leg at its site's spot and on-demand prices."""
-    return leg.spot_gpu_hours * (site.spot_price_per_gpu_hour or 0.0) + leg.od_gpu_hours * site.gpu_hour_price
