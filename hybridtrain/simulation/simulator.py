@@ -291,7 +291,8 @@ class Simulation:
 
     def request(self, job: SimJob) -> ResourceRequest:
         left = (job.deadline - job.arrival) / 3600.0 if self.ct.deadline_cap and job.deadline is not None else None
-        est = plan_hours(self.estimator.estimate(job.declared_hours, job.job_class), job.declared_hours, left)
+        est = plan_hours(self.estimator.estimate(job.declared_hours, job.job_class, family=job.family),
+                         job.declared_hours, left)
         return ResourceRequest(
             job=job.id, gpus=job.gpus, run_hours=est, max_run_hours=job.declared_hours,
             submitted_at=job.arrival + self.offset, data_site=self.data_site, dataset_bytes=job.dataset_bytes,
@@ -352,7 +353,7 @@ class Simulation:
 
     def observe(self, job: SimJob, hours: float) -> None:
         if isinstance(self.estimator, HistoryQuantile):
-            self.estimator.observe(job.declared_hours, hours, job.job_class)
+            self.estimator.observe(job.declared_hours, hours, job.job_class, family=job.family)
 
     def arrive(self, t: float, job: SimJob) -> None:
         req = self.request(job)
@@ -375,8 +376,8 @@ class Simulation:
     def expected(self, job: SimJob) -> float:
         q = self.ct.queue_quantile
         if q is None or not isinstance(self.estimator, HistoryQuantile):
-            return self.estimator.estimate(job.declared_hours, job.job_class)
-        return self.estimator.estimate(job.declared_hours, job.job_class, q)
+            return self.estimator.estimate(job.declared_hours, job.job_class, family=job.family)
+        return self.estimator.estimate(job.declared_hours, job.job_class, q, family=job.family)
 
     def enqueue(self, t: float, job: SimJob, req: ResourceRequest, tier: QueueTier) -> None:
         self.queues[tier].append(_Queued(job, req, t, tier, self.expected(job)))

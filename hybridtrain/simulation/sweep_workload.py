@@ -33,6 +33,7 @@ from hybridtrain.simulation.workload import SimJob
 from hybridtrain.specs.job import Sensitivity
 
 SWEEP_PREFIX = "sweep-trial-"
+SWEEP_FAMILY = "sweep"  # every trial is a run of the same job: the engine learns their durations together
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class SweepWorkload:
                 true_hours=hours, declared_hours=self.trial_hours, job_class="opportunistic",
                 sensitivity=Sensitivity.internal, deadline=deadline,
                 dataset_bytes=int(self.dataset_gb * 1e9), checkpoint_bytes=int(self.checkpoint_gb * 1e9),
-                checkpoint_interval_s=self.checkpoint_interval_s))
+                checkpoint_interval_s=self.checkpoint_interval_s, family=SWEEP_FAMILY))
         return out
 
 

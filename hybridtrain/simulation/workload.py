@@ -81,6 +81,9 @@ class SimJob:
     dataset_bytes: int
     checkpoint_bytes: int
     checkpoint_interval_s: float
+    #: the job this is a run of (a sweep's trials share one), whose finished runs the engine's
+    #: estimate learns from first (``HistoryQuantile``); None: a one-off, estimated from its class
+    family: str | None = None
 
     @property
     def gpu_hours(self) -> float:

@@ -5,9 +5,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hybridtrain.placement.strategy import ThresholdBurst
-from hybridtrain.simulation.comparison import default_scenario
+from hybridtrain.simulation.comparison import default_scenario, split
 from hybridtrain.simulation.simulator import Contender, our_policy
-from hybridtrain.simulation.sweep_workload import SWEEP_PREFIX, SweepWorkload, compare, compare_at_equal_completion
+from hybridtrain.simulation.sweep_workload import (
+    SWEEP_FAMILY,
+    SWEEP_PREFIX,
+    SweepWorkload,
+    compare,
+    compare_at_equal_completion,
+)
+from hybridtrain.simulation.traces import load_pods
+from hybridtrain.simulation.workload import WorkloadParams, demand_gpus, jobs_from_pods
 
 
 def test_trials_arrive_in_waves_with_one_deadline_and_pruned_ones_are_shorter():
@@ -17,6 +25,7 @@ def test_trials_arrive_in_waves_with_one_deadline_and_pruned_ones_are_shorter():
     assert {j.deadline for j in jobs} == {1000.0 + 1.5 * 3 * 2 * 3600}
     assert {j.true_hours for j in jobs} == {0.5, 2.0} and all(j.declared_hours == 2.0 for j in jobs)
     assert all(j.job_class == "opportunistic" and j.id.startswith(SWEEP_PREFIX) for j in jobs)
+    assert {j.family for j in jobs} == {SWEEP_FAMILY}  # one job: the engine learns the trials' durations together
     assert w.jobs(1000.0) == jobs  # seeded
 
 
@@ -51,3 +60,25 @@ def test_at_equal_completion_ours_gets_all_on_demands_completion_time_as_its_dea
     # Bound by all-on-demand's completion time, ours still ends by it and still costs less.
     assert c.meets and c.ours_equal.missed == 0
     assert c.ratio_equal < 1
+
+
+def test_at_every_decile_of_the_trace_ours_ends_by_all_on_demands_completion_time():
+    """The shared trace at ~1.1x load, the sweep arriving at each decile of the report half.
+
+    The trace's opportunistic jobs use about half their declared limit; the sweep's full trials
+    use all of it. Estimated from their class, last-wave trials queued on-prem looked an hour
+    shorter than they were: the controller moved them to the cloud too late, and at the 7th and
+    9th deciles the sweep ended 47 and 10 minutes after all-on-demand's. Estimated from the
+    trials that already finished (the sweep's own history), every trial ends in time."""
+    _, report = split(jobs_from_pods(load_pods(), WorkloadParams()))
+    scenario = default_scenario(max(1, round(demand_gpus(report) / 1.1)))
+    late = []
+    for decile in range(1, 10):
+        arrival = report[len(report) * decile // 10].arrival
+        window = [j for j in report if abs(j.arrival - arrival) <= 2 * 86400]
+        c = compare_at_equal_completion(scenario, window, SweepWorkload(), arrival, our_policy(),
+                                        Contender("all_on_demand", ThresholdBurst(queue_limit=-1)))
+        assert c.ratio_equal < 1
+        if not c.meets:
+            late.append((decile, round((c.ours_equal.completion_h - c.on_demand.completion_h) * 60)))
+    assert late == []
