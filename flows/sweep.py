@@ -39,7 +39,7 @@ from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import Problem, SpecError, StageFailed
 from hybridtrain.governance.ledger import RUN_RECORD_ARTIFACT, RUN_RECORD_TAG, AttemptOutcome, AttemptRecord
 from hybridtrain.specs.job import JobSpec
-from hybridtrain.sweeps.plan import trial_placement_spec
+from hybridtrain.sweeps.plan import TrialDurations, trial_job, trial_placement_spec
 from hybridtrain.sweeps.results import SweepResults, TrialRow, attempt_cost
 from hybridtrain.sweeps.slots import Slot, SweepSlots, SweepStopping
 from hybridtrain.sweeps.space import SearchSpace
@@ -183,8 +183,10 @@ class TrialRunner:
         self.placement_spec = trial_placement_spec(job)
         self.sites = ws.load_sites()
         self.lock = threading.Lock()
-        # One run-time estimate for the whole sweep (an MLflow search): every trial is the same job.
-        self.run_hours = stages.estimate_run_hours(ws, self.placement_spec)
+        # The hours each trial is placed with: learnt from the trials that ended, earlier sweeps' (one MLflow
+        # search, here) and this one's (in memory, as they end), else the job's own runs.
+        self.durations = TrialDurations(job.resources.max_hours, stages.estimate_run_hours(ws, self.placement_spec),
+                                        stages.past_run_hours(ws, trial_job(job.name)))
 
     def data_at(self, site: str) -> DatasetVersion:
         with self.lock:  # one sync per site, however many trials go there
@@ -234,7 +236,7 @@ class TrialRunner:
 
         def replace(exclude: dict[str, str]) -> Placed:
             outcome = place(self.ws, self.placement_spec, self.approved.size, self.run_id, unavailable=exclude,
-                            run_hours=self.run_hours, artifact=False)
+                            run_hours=self.durations.run_hours(), artifact=False)
             classes[outcome.site] = outcome.capacity_class
             return Placed(outcome.site, outcome.capacity_class, "; ".join(outcome.reasons))
 
@@ -281,6 +283,7 @@ class TrialRunner:
                             cost_usd=attempt_cost(self.sites, attempts, self.job.name),
                             seconds=sum(a.seconds for a in attempts), attempts=attempts, message=str(exc)[:500])
         attempts = self._attempts(supervisor.attempts, taken)
+        self.durations.observe(out.seconds / 3600)
         return TrialRow(trial=ticket.number, params=decoded, value=out.value, state=out.state, site=where.site,
                         capacity_class=where.capacity_class, cost_usd=attempt_cost(self.sites, attempts, self.job.name),
                         epochs=out.epochs, seconds=sum(a.seconds for a in supervisor.attempts),

@@ -12,7 +12,14 @@ each other directly.
 from hybridtrain.stages.anonymization import anonymize
 from hybridtrain.stages.data_sync import check_destination, sync
 from hybridtrain.stages.evaluation import evaluate
-from hybridtrain.stages.placing import PlacementOutcome, estimate_run_hours, place, record_placement, site_health
+from hybridtrain.stages.placing import (
+    PlacementOutcome,
+    estimate_run_hours,
+    past_run_hours,
+    place,
+    record_placement,
+    site_health,
+)
 from hybridtrain.stages.preprocessing import preprocess, resolve_raw
 from hybridtrain.stages.promotion import promote, publish_public_key, releaser_for, run_record
 from hybridtrain.stages.results import (
@@ -91,6 +98,7 @@ __all__ = [
     "load_result",
     "PlacementOutcome",
     "estimate_run_hours",
+    "past_run_hours",
     "place",
     "site_health",
     "record_placement",

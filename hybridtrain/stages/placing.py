@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 from concurrent.futures import ThreadPoolExecutor
 
 from hybridtrain.placement.burst import pass_now
-from hybridtrain.placement.duration_estimator import HistoryQuantile
+from hybridtrain.placement.duration_estimator import PLAN_QUANTILE, HistoryQuantile
 from hybridtrain.placement.engine import Placement
 from hybridtrain.placement.policy import Policy
 from hybridtrain.placement.request import request_from_spec
@@ -92,20 +92,25 @@ class PlacementOutcome(BaseModel):
         return "\n".join(lines)
 
 
-def estimate_run_hours(ws: Workspace, spec: JobSpec) -> float | None:
-    """The engine's own run-time estimate for ``spec``: a high quantile of what this job's recent
-    training runs took (MLflow metric ``train_seconds``), capped by its declared limit; None
-    (use the declared limit) until three runs have finished."""
-
+def past_run_hours(ws: Workspace, job: str) -> list[float]:
+    """Hours the last finished runs of ``job`` (MLflow tag ``hybridtrain.job``) trained, newest first
+    (metric ``train_seconds``; at most 50)."""
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
-    runs = registry.job_runs(ws.experiment, spec.name, limit=50)
-    samples = [r.data.metrics["train_seconds"] / 3600 for r in runs if "train_seconds" in r.data.metrics]
-    if len(samples) < 3:
+    runs = registry.job_runs(ws.experiment, job, limit=50)
+    return [r.data.metrics["train_seconds"] / 3600 for r in runs if "train_seconds" in r.data.metrics]
+
+
+def estimate_run_hours(ws: Workspace, spec: JobSpec, samples: Sequence[float] | None = None) -> float | None:
+    """The engine's own run-time estimate for ``spec``: a high quantile (``PLAN_QUANTILE``) of what
+    this job's recent training runs took (``past_run_hours``; or the hours in ``samples``), capped
+    by its declared limit; None (use the declared limit) until three runs have finished."""
+    samples = past_run_hours(ws, spec.name) if samples is None else samples
+    history = HistoryQuantile(quantile=PLAN_QUANTILE)
+    if len(samples) < history.family_min_samples:
         return None
-    history = HistoryQuantile(quantile=0.9, min_samples=3)
     for hours in samples:
-        history.observe(spec.resources.max_hours, hours)
-    return history.estimate(spec.resources.max_hours)
+        history.observe(spec.resources.max_hours, hours, family=spec.name)
+    return history.estimate(spec.resources.max_hours, family=spec.name)
 
 
 def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, queues: dict | None, now: datetime,

@@ -6,18 +6,63 @@ allowed), each slot seeing the ones placed before it as running in its site's po
 on-prem pool sends the next slot to the cloud. Every later trial takes the slot of one that ended.
 The cost is an upper bound: every trial runs all its epochs for the engine's run-time estimate
 (pruned trials cost less); the wall time is ``ceil(n_trials / parallelism)`` rounds of one trial.
+
+``TrialDurations`` is that estimate while the sweep runs: learnt from the trials that ended.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
 from pydantic import BaseModel
 
+from hybridtrain.placement.duration_estimator import PLAN_QUANTILE, HistoryQuantile
 from hybridtrain.placement.queue_state import QueueState
 from hybridtrain.specs.job import JobSpec
+
+
+def trial_job(name: str) -> str:
+    """The job the trials of every sweep of job ``name`` are runs of (their MLflow tag ``hybridtrain.job``)."""
+    return f"{name}-trial"
+
+
+class TrialDurations:
+    """The hours the engine plans each of a sweep's trials with, learnt as trials end (thread-safe).
+
+    A trial is not a run of the job's full lifecycle: it trains other values, and a pruned one stops
+    after a few epochs, so the job's history can be far off for it (the simulator's sweep: the
+    trace's class used half its limit, full trials all of it, and trials queued on-prem reached the
+    cloud too late). Once three trials have ended — of earlier sweeps of the job (``earlier``, from
+    MLflow) and of this one (``observe``) — the estimate is the planning quantile of theirs, as
+    ``stages.estimate_run_hours`` is of a job's runs; before that, the job's own estimate
+    (``job_hours``; None: its declared limit).
+
+    Example: declared 2 h, job estimate 1 h; trials end after 2 h, 0.7 h (pruned) and 2 h → 2 h.
+    """
+
+    def __init__(self, declared_hours: float, job_hours: float | None = None, earlier: Sequence[float] = ()):
+        self.declared_hours, self.job_hours = declared_hours, job_hours
+        self._history = HistoryQuantile(quantile=PLAN_QUANTILE)
+        self._ended = 0
+        self._lock = threading.Lock()
+        for hours in earlier:
+            self.observe(hours)
+
+    def observe(self, hours: float) -> None:
+        """One trial ended (complete or pruned) after training ``hours``."""
+        with self._lock:
+            self._history.observe(self.declared_hours, hours, family="trials")
+            self._ended += 1
+
+    def run_hours(self) -> float | None:
+        with self._lock:
+            if self._ended < self._history.family_min_samples:
+                return self.job_hours
+            return self._history.estimate(self.declared_hours, family="trials")
 
 
 class SlotPlan(BaseModel):

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.specs.job import JobSpec
+from hybridtrain.sweeps.plan import trial_job
 from hybridtrain.sweeps.space import trial_spec
 from hybridtrain.sweeps.study import TrialPruned, TrialTicket, open_for_trial
 from hybridtrain.tracking.model_registry import Registry
@@ -54,7 +55,7 @@ def trial_run(ws: Workspace, spec: JobSpec, parent_run_id: str, study_name: str,
     if found:
         return found[-1]
     run_id = registry.start_run(ws.experiment, f"{spec.name}-trial-{ticket.number}", tags={
-        "mlflow.parentRunId": parent_run_id, "hybridtrain.job": f"{spec.name}-trial",
+        "mlflow.parentRunId": parent_run_id, "hybridtrain.job": trial_job(spec.name),
         "hybridtrain.sweep": study_name, "hybridtrain.sweep.trial": str(ticket.number), TRIAL_KEY_TAG: key})
     registry.log_params(run_id, {f"model.{k}": v for k, v in params.items()})
     return run_id
@@ -80,10 +81,13 @@ def train_trial(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: st
     run_id = trial_run(ws, spec, parent_run_id, study_name, ticket, params)
     reporter = study.reporter(ticket, prune=spec.sweep.pruner.name != "none")
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    training = time.perf_counter()
     try:
         out = stages.train(ws, tspec, approved, site, run_id, run_key(study_name, ticket.number),
                            should_stop=should_stop, on_epoch_end=reporter, capacity_class=capacity_class)
     except TrialPruned as exc:
+        # as stages.train does for a complete trial: the engine learns the trials' durations from it
+        registry.log_metrics(run_id, {"train_seconds": time.perf_counter() - training})
         registry.set_tags(run_id, {"hybridtrain.sweep.state": "pruned"})
         registry.end_run(run_id, "FINISHED")
         return TrialOutcome(number=ticket.number, state="pruned", value=exc.value, epochs=exc.epoch, site=site,

@@ -113,3 +113,10 @@ def test_sweep_runs_trials_as_subflows_prunes_survives_a_failure_and_promotes_th
     record = json.loads(registry.read_text(summary.mlflow_run_id, "ledger/run_record.json"))
     assert len(record["attempts"]) == 4  # every trial's attempt, the failed one as wasted
     assert [a["outcome"] for a in record["attempts"]].count("failed") == 1
+    # The trials that ended, the pruned one too, are the history the next sweep's trials are planned with.
+    from hybridtrain import stages
+    from hybridtrain.specs.job import load_spec
+    from hybridtrain.sweeps.plan import trial_job
+
+    trained = stages.past_run_hours(ws, trial_job(load_spec(spec).name))
+    assert len(trained) == 3 and all(h > 0 for h in trained)

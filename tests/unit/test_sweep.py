@@ -220,3 +220,21 @@ def test_the_served_stack_of_this_workspace_holds_the_studies_when_this_process_
     assert storage_url(ws) == "postgresql+psycopg://u:p@db.example/studies"
     assert storage_url(ws, "sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"  # and the flag over it
     assert stack.client_env()["HYBRIDTRAIN_SWEEP_STORAGE"] == "postgresql://hybridtrain:pw@127.0.0.1:15432/optuna"
+
+
+def test_trials_are_planned_with_the_job_estimate_until_three_trials_ended_then_with_theirs():
+    from hybridtrain.sweeps.plan import TrialDurations, trial_job
+
+    assert trial_job("churn") == "churn-trial"
+    # The job's lifecycle runs take half the 2-h limit; full trials take all of it, pruned ones a third.
+    d = TrialDurations(2.0, job_hours=1.0)
+    assert d.run_hours() == 1.0
+    d.observe(2.0)
+    d.observe(0.7)
+    assert d.run_hours() == 1.0  # two trials are not yet a history
+    d.observe(2.0)
+    assert d.run_hours() == pytest.approx(2.0)
+    assert TrialDurations(2.0).run_hours() is None  # no history at all: the declared limit
+    # Earlier sweeps' trials count from the start, and an estimate never exceeds the limit.
+    assert TrialDurations(2.0, 1.0, earlier=[0.5, 0.5, 0.6, 0.5]).run_hours() == pytest.approx(0.6)
+    assert TrialDurations(2.0, 1.0, earlier=[3.0, 3.0, 3.0]).run_hours() == 2.0
