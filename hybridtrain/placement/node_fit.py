@@ -13,6 +13,9 @@ functions of explicit inputs, like the rest of placement:
 - ``reserve_hosts(site, N, G, busy)`` — at run time: the first N eligible hosts that are not
   ``busy`` (hosts running another job, as the caller knows them), in catalog order. The first
   one hosts the rendezvous. Too few free hosts raises ``NoFeasiblePlacement`` with the numbers.
+- ``pick_gpus(site, N, G, free)`` — the same choice from each host's free GPU indices (the
+  train stage leases them, ``orchestration.gpu_lease``), with the indices the job may use on
+  each chosen host; ``host_shortfall`` says when no amount of waiting would free enough.
 
 The N nodes are priced together: the placement request carries ``gpus = N × G``, so compute
 cost, queue wait and GPU limits all see the whole job.
@@ -24,7 +27,7 @@ onprem-dc1 has 1 free host with >= 8 GPUs (3 hosts, 1 busy, 1 with fewer GPUs); 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from hybridtrain.errors import NoFeasiblePlacement
@@ -108,3 +111,50 @@ def reserve_hosts(site: Site, nodes: int, gpus_per_node: int, busy: Collection[s
                f"hosts, {taken} busy, {fewer} with fewer GPUs); the job needs {nodes}")
         raise NoFeasiblePlacement(job, {site.name: why}, hint="wait for hosts to free up or place it elsewhere")
     return HostReservation(site=site.name, hosts=tuple(free[:nodes]), gpus_per_node=gpus_per_node)
+
+
+def host_shortfall(site: Site, nodes: int, gpus_per_node: int) -> str | None:
+    """Why ``site``'s SSH hosts can never hold ``nodes`` × ``gpus_per_node`` GPUs, however many are free
+    (None: they can; a site without SSH hosts is not judged here)."""
+    eligible = _eligible(site, gpus_per_node)
+    if not site.hosts or len(eligible) >= nodes:
+        return None
+    fewer = len(site.hosts) - len(eligible)
+    return (f"site {site.name} has {len(eligible)} SSH host(s) with >= {gpus_per_node} GPUs"
+            f"{f' ({fewer} more with fewer GPUs)' if fewer else ''}; the job needs {nodes}")
+
+
+def pick_gpus(site: Site, nodes: int, gpus_per_node: int, free: Mapping[str, Sequence[int]],
+              job: str = "job") -> dict[str, tuple[int, ...]]:
+    """Which GPUs of which hosts a job of ``nodes`` × ``gpus_per_node`` GPUs trains on, given each
+    host's free GPU indices (``free``, by ``host_key``; a host missing from it has all its GPUs free).
+
+    The hosts are the ones ``reserve_hosts`` picks among those with enough free GPUs (catalog
+    order), and on each the lowest free indices; the first host runs the rendezvous. Raises
+    ``NoFeasiblePlacement`` with the counts when too few hosts have enough free GPUs.
+
+    Example: ``gpu1`` (8 GPUs, 0-5 taken) and ``gpu2`` (8, all free); a job of 1 node × 4 GPUs
+    gets ``{"u@gpu2:22": (0, 1, 2, 3)}``; one of 1 × 2 gets ``{"u@gpu1:22": (6, 7)}``.
+    """
+    def free_on(h: SshHost) -> list[int]:
+        return sorted(free.get(host_key(h), range(h.gpus)))
+
+    busy = {host_key(h) for h in site.hosts if len(free_on(h)) < gpus_per_node}
+    chosen = reserve_hosts(site, nodes, gpus_per_node, busy, job=job)
+    return {host_key(h): tuple(free_on(h)[:gpus_per_node]) for h in chosen.hosts}
+
+
+def held_hosts(site: Site, gpus: Mapping[str, Sequence[int]]) -> tuple[SshHost, ...]:
+    """The hosts of ``site`` named in ``gpus`` (``host_key`` → indices, as ``pick_gpus`` returns them), in its order."""
+    by_key = {host_key(h): h for h in site.hosts}
+    missing = [k for k in gpus if k not in by_key]
+    if missing:
+        raise ValueError(f"site {site.name} lists no host {', '.join(missing)}")
+    return tuple(by_key[k] for k in gpus)
+
+
+def visible_devices(gpus: Mapping[str, Sequence[int]] | None, host: SshHost) -> dict[str, str]:
+    """The environment that limits a job on ``host`` to its held GPUs (empty: it holds none there)."""
+    if not gpus or host_key(host) not in gpus:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpus[host_key(host)])}

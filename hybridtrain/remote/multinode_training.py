@@ -40,7 +40,7 @@ import math
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -48,6 +48,7 @@ from pydantic import SecretStr
 
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import Preempted, RemoteJobFailed
+from hybridtrain.placement.node_fit import visible_devices
 from hybridtrain.remote.host_training import FEATURIZER_FILE, MODEL_FILE, RESULT_DIR, RESULT_FILE, HostResult
 from hybridtrain.remote.job_bundle import SECRETS_FILE, JobBundle
 from hybridtrain.remote.remote_training import SETUP_ALLOWANCE_S, SHUTDOWN_MARGIN_S, TrainResultFiles, portable_site
@@ -118,6 +119,7 @@ def ssh_train_nodes(
     timeouts: Timeouts | None = None,
     preemptions_per_hour: float | None = None,
     on_launch: Callable[[int, list[RemoteJob]], None] | None = None,
+    devices: Mapping[str, Sequence[int]] | None = None,
 ) -> TrainResultFiles:
     """Train ``spec`` on all ``hosts`` of ``site`` together as job ``job_id``; bring rank 0's result files back.
 
@@ -126,7 +128,8 @@ def ssh_train_nodes(
     jobs)`` is called after each launch (tests use it to find the processes). Raises
     ``Preempted`` for a preemption notice, ``RemoteJobFailed`` when a job fails for another
     reason or the restarts are used up, SiteUnavailable / HostKeyRejected / AuthRefused from
-    the connections.
+    the connections. ``devices`` (``host_key`` → GPU indices, the GPUs held for the job) limit
+    each node to its GPUs (``CUDA_VISIBLE_DEVICES``).
     """
     if len(hosts) < 2:
         raise ValueError("give two hosts or more (one host: remote_training.ssh_train)")
@@ -143,7 +146,7 @@ def ssh_train_nodes(
         attempt = 0
         while True:
             failure = _attempt(ws, spec, approved, site, nodes, run_key, job_id, attempt, nproc, emit,
-                               mlflow_run_id, poll_interval, deadline, preemptions_per_hour, on_launch)
+                               mlflow_run_id, poll_interval, deadline, preemptions_per_hour, on_launch, devices)
             if failure is None:
                 return _collect(ws, nodes, job_id)
             if isinstance(failure, Preempted) or attempt >= restarts:
@@ -177,7 +180,8 @@ def _clear(node: _Node, emit: Callable[[str], None]) -> None:
 
 
 def _attempt(ws, spec, approved, site, nodes, run_key, job_id, attempt, nproc, emit, mlflow_run_id,
-             poll_interval, deadline, preemptions_per_hour, on_launch) -> RemoteJobFailed | Preempted | None:
+             poll_interval, deadline, preemptions_per_hour, on_launch,
+             devices=None) -> RemoteJobFailed | Preempted | None:
     """Launch every node, follow them all; None when all succeeded, else the error to raise or recover from."""
     head = nodes[0].control
     for node in nodes:
@@ -202,7 +206,8 @@ def _attempt(ws, spec, approved, site, nodes, run_key, job_id, attempt, nproc, e
         argv = torchrun_nodes_argv(node.host, remote_bundle, nodes=len(nodes), nproc_per_node=nproc,
                                    endpoint=endpoint, rdzv_id=f"{job_id}-a{attempt}", is_host=node.index == 0,
                                    preemptions_per_hour=preemptions_per_hour)
-        node.job = remote.launch(job_id, argv, workdir=remote.job_dir(job_id), env=env)
+        node.job = remote.launch(job_id, argv, workdir=remote.job_dir(job_id),
+                                 env={**env, **visible_devices(devices, node.host)})
     emit(f"hybridtrain: job {job_id} launched on {len(nodes)} nodes "
          f"({', '.join(n.control.label for n in nodes)}), rendezvous at {endpoint}")
     if on_launch is not None:

@@ -33,7 +33,7 @@ import logging
 import math
 import shlex
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from pydantic import SecretStr
 
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import RemoteJobFailed, TransientError
+from hybridtrain.placement.node_fit import visible_devices
 from hybridtrain.remote.host_training import (
     ERROR_FILES,
     FEATURIZER_FILE,
@@ -164,6 +165,7 @@ def ssh_train(
     timeout: float | None = None,
     timeouts: Timeouts = Timeouts(),
     preemptions_per_hour: float | None = None,
+    devices: Mapping[str, Sequence[int]] | None = None,
 ) -> TrainResultFiles:
     """Train ``spec`` on ``host`` of ``site`` as job ``job_id`` and bring the result files back.
 
@@ -173,7 +175,8 @@ def ssh_train(
     cannot be reached, HostKeyRejected / AuthRefused for a wrong block, RemoteJobFailed when the
     job fails, and Preempted (step, checkpoint key, site) when it stopped for a preemption notice
     after writing its checkpoint. ``preemptions_per_hour`` (the site's observed rate) goes to the
-    trainer for ``checkpoint.auto_interval``. Result files land in
+    trainer for ``checkpoint.auto_interval``. ``devices`` (``host_key`` → GPU indices, the GPUs held for
+    the job) limit it to its GPUs there (``CUDA_VISIBLE_DEVICES``). Result files land in
     ``<workspace>/.hybridtrain/jobs/<job_id>/result``.
     """
     emit = on_line or (lambda line: log.info("[%s] %s", job_id, line))
@@ -199,7 +202,7 @@ def ssh_train(
                 workdir=remote.job_dir(job_id),
                 env={"PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1",
                      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(shutdown_s),
-                     "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"},
+                     "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", **visible_devices(devices, host)},
             )
         try:
             remote.stream(job, emit, poll_interval=poll_interval, timeout=limit)

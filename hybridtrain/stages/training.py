@@ -6,7 +6,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +40,7 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
           should_stop: Callable[[], bool] | None = None,
           preemptions_per_hour: float | None = None,
           on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
-          capacity_class: str | None = None) -> TrainOutput:
+          capacity_class: str | None = None, gpus: Mapping[str, Sequence[int]] | None = None) -> TrainOutput:
     """Train at ``site`` on its copy of the approved data; checkpoints go to that site's store.
 
     ``run_key`` names the checkpoint series: a retry or a resubmission of the same run resumes
@@ -64,6 +64,9 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     after ``move_checkpoint``. ``preemptions_per_hour`` (the site's observed rate) sets the
     interval of ``checkpoint.auto_interval``. ``on_epoch_end(epoch, metrics)`` hears each epoch after
     it is logged (a sweep's pruner; an exception it raises ends training there, without a model).
+    ``gpus`` (``host_key`` → GPU indices) are the GPUs of the site's hosts the caller holds for it
+    (``orchestration.gpu_lease``): the job trains on those hosts and sees only those GPUs
+    (``CUDA_VISIBLE_DEVICES``); without them, on the first hosts, seeing every GPU.
     """
     from hybridtrain.training.checkpoint import CheckpointStore  # lazy: heavy (torch)
     from hybridtrain.training.trainer import Trainer  # lazy: heavy (torch, scipy)
@@ -119,7 +122,7 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
             on_epoch(epoch, metrics)
             streamed.setdefault(epoch, set()).update(metrics)
 
-        from hybridtrain.placement.node_fit import reserve_hosts  # lazy: heavy (paramiko)
+        from hybridtrain.placement.node_fit import held_hosts, reserve_hosts  # lazy: heavy (paramiko)
         from hybridtrain.remote.multinode_training import ssh_train_nodes  # lazy: heavy (paramiko)
 
         def timeouts_of(host: SshHost) -> Timeouts:
@@ -165,17 +168,18 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
                 record(instance_ids, "terminated" if fleet.terminated else
                        f"NOT terminated: terminate {', '.join(instance_ids)} (tag hybridtrain:job={job_id})")
         elif spec.resources.nodes > 1:
-            hosts = reserve_hosts(s, spec.resources.nodes, spec.resources.gpus, job=spec.name).hosts
+            hosts = (held_hosts(s, gpus) if gpus else
+                     reserve_hosts(s, spec.resources.nodes, spec.resources.gpus, job=spec.name).hosts)
             shown.start(f"on {len(hosts)} SSH hosts ({', '.join(h.hostname for h in hosts)}), job {job_id}")
             files = ssh_train_nodes(ws, spec, approved, s, hosts, ssh.private_key, ssh.known_hosts, run_key, job_id,
                                     host_line, mlflow_run_id=run_id, preemptions_per_hour=preemptions_per_hour,
-                                    timeouts=timeouts_of(s.hosts[0]))
+                                    timeouts=timeouts_of(s.hosts[0]), devices=gpus)
         else:
-            host = s.hosts[0]
+            host = held_hosts(s, gpus)[0] if gpus else s.hosts[0]
             shown.start(f"on SSH host {host.hostname}, job {job_id}")
             files = ssh_train(ws, spec, approved, s, host, ssh.private_key, ssh.known_hosts, run_key, job_id,
                               host_line, mlflow_run_id=run_id, preemptions_per_hour=preemptions_per_hour,
-                              timeouts=timeouts_of(host))
+                              timeouts=timeouts_of(host), devices=gpus)
         result, device = files.train_result(), files.result.device
         for h in result.history:  # what the host's lines did not carry
             epoch = int(h["epoch"])

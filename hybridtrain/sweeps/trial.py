@@ -9,7 +9,7 @@ run, found again by its run key on a resume) with its values as parameters and i
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -63,12 +63,13 @@ def trial_run(ws: Workspace, spec: JobSpec, parent_run_id: str, study_name: str,
 
 def train_trial(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, parent_run_id: str,
                 storage: str, study_name: str, ticket: TrialTicket,
-                should_stop: Callable[[], bool] | None = None, capacity_class: str | None = None) -> TrialOutcome:
+                should_stop: Callable[[], bool] | None = None, capacity_class: str | None = None,
+                gpus: Mapping[str, Sequence[int]] | None = None) -> TrialOutcome:
     """Train trial ``ticket`` of the sweep in ``spec`` at ``site`` (resuming its newest checkpoint).
 
     Returns a complete outcome (with the model in MLflow) or a pruned one (stopped after the epoch
     the pruner said so; no model). ``Preempted`` and real failures propagate, for the sweep's
-    recovery to resume or retry the trial.
+    recovery to resume or retry the trial. ``gpus``: the GPUs of the site's hosts held for it (``stages.train``).
     """
     import time
 
@@ -84,7 +85,8 @@ def train_trial(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: st
     training = time.perf_counter()
     try:
         out = stages.train(ws, tspec, approved, site, run_id, run_key(study_name, ticket.number),
-                           should_stop=should_stop, on_epoch_end=reporter, capacity_class=capacity_class)
+                           should_stop=should_stop, on_epoch_end=reporter, capacity_class=capacity_class,
+                           gpus=gpus)
     except TrialPruned as exc:
         # as stages.train does for a complete trial: the engine learns the trials' durations from it
         registry.log_metrics(run_id, {"train_seconds": time.perf_counter() - training})

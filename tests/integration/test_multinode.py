@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from hybridtrain.datasets import partitioned
+from hybridtrain.placement.node_fit import host_key
 from hybridtrain.remote.multinode_training import ssh_train_nodes
 from hybridtrain.remote.ssh_site import Timeouts, known_hosts_name
 from hybridtrain.specs.sites import CHECKPOINT_SUBDIR
@@ -87,7 +88,9 @@ def assert_close_weights(files, single) -> None:
 
 
 def test_a_two_node_job_trains_like_one_process_with_the_same_global_batch(sshd, cluster, single):
-    files, lines = run_job(sshd, cluster, "together")
+    # Each node sees only the GPUs held for the job there (orchestration.gpu_lease): index 1 on the first, 0 on the second.
+    held = {host_key(h): (i,) for i, h in zip((1, 0), cluster[1].hosts, strict=True)}
+    files, lines = run_job(sshd, cluster, "together", devices=held)
     r = files.result
     assert (r.world_size, r.global_step, r.epochs_completed) == (2, EPOCHS * 16, EPOCHS)
     assert r.resumed_from_step is None
@@ -100,6 +103,8 @@ def test_a_two_node_job_trains_like_one_process_with_the_same_global_batch(sshd,
         any(line.startswith("[node 1] hybridtrain: epoch") for line in lines)  # rank 0's lines, wherever it ran
     for host in cluster[1].hosts:
         assert (Path(host.workdir) / "data-copy").is_dir()
+        run_sh = (Path(host.workdir) / "jobs" / "multi-together" / "run.sh").read_text()
+        assert f"CUDA_VISIBLE_DEVICES={held[host_key(host)][0]} " in run_sh
     assert [c.step for c in checkpoints(cluster, "together").list()][-1] == EPOCHS * 16  # rank 0 wrote them
 
 

@@ -6,7 +6,15 @@ import pytest
 
 from hybridtrain.errors import NoFeasiblePlacement, SpecError
 from hybridtrain.placement.engine import decide
-from hybridtrain.placement.node_fit import host_key, node_shortfall, reserve_hosts
+from hybridtrain.placement.node_fit import (
+    held_hosts,
+    host_key,
+    host_shortfall,
+    node_shortfall,
+    pick_gpus,
+    reserve_hosts,
+    visible_devices,
+)
 from hybridtrain.placement.policy import Policy
 from hybridtrain.placement.request import request_from_spec
 from hybridtrain.specs.job import load_spec, parse_spec
@@ -55,6 +63,33 @@ def test_a_site_needs_n_hosts_with_the_per_node_gpus():
         "site cloud-eu lists no SSH hosts and starts no instances (it trains in the worker's process: 1 node); the "
         "job needs 2 nodes — add an instances: block to sites.cloud-eu or set resources.nodes: 1")
     assert node_shortfall(CLOUD_EU, 1, 4) is None
+
+
+def test_gpus_are_picked_on_the_first_hosts_with_enough_free_and_the_lowest_indices_there():
+    k1, k2, k3 = host_key(GPU1), host_key(GPU2), host_key(GPU3)
+    busy1 = {k1: [6, 7]}  # gpu1 holds six GPUs for other jobs; gpu2 and gpu3 are free
+    assert pick_gpus(DC, 1, 4, busy1) == {k2: (0, 1, 2, 3)}
+    assert pick_gpus(DC, 1, 2, busy1) == {k1: (6, 7)}
+    assert pick_gpus(DC, 2, 4, busy1) == {k2: (0, 1, 2, 3), k3: (0, 1, 2, 3)}
+    assert list(pick_gpus(DC, 2, 4, {k1: [0, 2, 4, 6]})) == [k1, k2]  # catalog order; the first runs the rendezvous
+    assert pick_gpus(DC, 1, 4, {k1: [7, 0, 5, 3]})[k1] == (0, 3, 5, 7)
+    with pytest.raises(NoFeasiblePlacement) as none:
+        pick_gpus(DC, 2, 8, {k1: [], k2: list(range(8)), k3: []})
+    assert none.value.rejected["onprem-dc1"] == ("site onprem-dc1 has 1 free host(s) with >= 8 GPUs (3 hosts, "
+                                                 "1 busy, 1 with fewer GPUs); the job needs 2")
+
+
+def test_a_host_shortfall_is_what_no_wait_can_free_and_held_gpus_name_hosts_and_devices():
+    assert host_shortfall(DC, 1, 8) is None and host_shortfall(DC, 3, 4) is None
+    assert host_shortfall(DC, 1, 16) == ("site onprem-dc1 has 0 SSH host(s) with >= 16 GPUs (3 more with fewer GPUs); "
+                                         "the job needs 1")
+    assert host_shortfall(ONPREM, 4, 8) is None  # no SSH hosts: a local process, not judged here
+    held = {host_key(GPU3): (1,), host_key(GPU1): (0, 2)}
+    assert held_hosts(DC, held) == (GPU3, GPU1)
+    assert visible_devices(held, GPU1) == {"CUDA_VISIBLE_DEVICES": "0,2"}
+    assert visible_devices(held, GPU2) == {} and visible_devices(None, GPU1) == {}
+    with pytest.raises(ValueError, match="lists no host"):
+        held_hosts(DC, {"x@y:22": (0,)})
 
 
 def test_a_cloud_site_that_starts_instances_needs_max_instances_and_their_gpus():
