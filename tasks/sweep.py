@@ -18,6 +18,7 @@ from hybridtrain.sweeps.trial import TrialOutcome
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.training.preemption import preemption_trap
 from hybridtrain.workspace import Workspace
+from orchestration.gpu_lease import hold_gpus
 from tasks.retry import BACKOFF_S, only_transient
 
 
@@ -32,11 +33,13 @@ def train_trial(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: st
     """Train one trial (resuming its checkpoints). No task retries: the sweep's recovery decides.
 
     In a worker's process SIGTERM/SIGUSR1 (a spot notice, the pool shutting down) is a preemption
-    notice: the step in progress ends, a checkpoint is written and ``Preempted`` raised.
+    notice: the step in progress ends, a checkpoint is written and ``Preempted`` raised. On a site's
+    SSH hosts a GPU trial first takes its GPUs (``orchestration.gpu_lease``; it waits while they are busy).
     """
-    with preemption_trap(spec.checkpoint.preemption_grace_s) as notice:
+    with preemption_trap(spec.checkpoint.preemption_grace_s) as notice, \
+            hold_gpus(ws.load_sites().get(site), spec) as gpus:
         return sweep_trial.train_trial(ws, spec, approved, site, parent_run_id, storage, study, ticket,
-                                       should_stop=notice, capacity_class=capacity_class)
+                                       should_stop=notice, capacity_class=capacity_class, gpus=gpus)
 
 
 @task(name="evaluate-best", retries=2, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from prefect import get_run_logger, task
 
 from hybridtrain import stages
@@ -10,6 +9,7 @@ from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.training.preemption import preemption_trap
 from hybridtrain.workspace import Workspace
+from orchestration.gpu_lease import hold_gpus
 from tasks.retry import BACKOFF_S, only_transient
 
 
@@ -21,12 +21,14 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
 
     In this process, SIGTERM/SIGUSR1 (a pool shutting the worker down, a spot notice) is a
     preemption notice: the step in progress ends, a checkpoint is written and ``Preempted`` is
-    raised. On an SSH host the job traps them itself; its log lines go to the run log.
+    raised. On an SSH host the job traps them itself; its log lines go to the run log. On a site's
+    SSH hosts a GPU job first takes its GPUs (``orchestration.gpu_lease``; it waits while they are busy).
     """
-    with preemption_trap(spec.checkpoint.preemption_grace_s) as notice:
+    with preemption_trap(spec.checkpoint.preemption_grace_s) as notice, \
+            hold_gpus(ws.load_sites().get(site), spec) as gpus:
         rate = stages.observed_preemption_rate(ws, site) if spec.checkpoint.auto_interval else None
         return stages.train(ws, spec, approved, site, run_id, run_key, on_line=get_run_logger().info,
-                            should_stop=notice, preemptions_per_hour=rate, capacity_class=capacity_class)
+                            should_stop=notice, preemptions_per_hour=rate, capacity_class=capacity_class, gpus=gpus)
 
 
 @task(name="evaluate", retries=2, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)

@@ -23,7 +23,7 @@ BUCKET = "hybridtrain-pools"
 def write_sites(root: Path, sshd, endpoint: str) -> None:
     data = yaml.safe_load((root / "deployments" / "sites.yaml").read_text())
     onprem, cloud = data["sites"]
-    onprem["hosts"] = [sshd.host.model_dump(mode="json")]
+    onprem["hosts"] = [{**sshd.host.model_dump(mode="json"), "gpus": 1}]  # a GPU job there holds it (gpu_lease)
     onprem["store"] = {"kind": "local", "path": str(root / ".hybridtrain" / "stores" / "onprem-dc1")}
     cloud["store"] = {"kind": "s3", "bucket": BUCKET, "prefix": "cloud-eu", "endpoint_url": endpoint}
     (root / "deployments" / "sites.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
@@ -112,3 +112,13 @@ def test_the_reverse_preprocess_in_the_cloud_train_on_prem_over_ssh(pools):
     jobs = list(Path(pools["sshd"].host.workdir).glob("jobs/reverse-*"))
     assert jobs, "no job directory on the SSH host"
     assert "epoch" in (jobs[0] / "log").read_text()
+    # The onprem worker held the host's one GPU while the job trained on it, and gave it back.
+    from prefect.client.orchestration import get_client
+
+    from hybridtrain.placement.node_fit import host_key
+    from orchestration.gpu_lease import gpu_limit_name
+
+    assert "CUDA_VISIBLE_DEVICES=0 " in (jobs[0] / "run.sh").read_text()
+    with get_client(sync_client=True) as client:
+        gpu = client.read_global_concurrency_limit_by_name(gpu_limit_name("onprem-dc1", host_key(pools["sshd"].host), 0))
+    assert gpu.limit == 1 and gpu.active_slots == 0

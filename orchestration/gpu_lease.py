@@ -1,0 +1,201 @@
+"""GpuLease: the GPUs of a site's SSH hosts that a training holds, as Prefect global concurrency slots.
+
+Every GPU of every SSH host of a site is a global concurrency limit of one slot,
+``gpu-<site>-<user>-<host>-<port>-<index>``. A training of a job with ``resources.gpus`` >= 1 at
+such a site (a lifecycle's train stage or a sweep trial) takes, in one request, the GPUs
+``placement.node_fit.pick_gpus`` chooses among the free ones — ``resources.nodes`` hosts with
+that many free GPUs each, the lowest indices on each — renews the lease while it trains and frees
+the GPUs when it ends. The job sees only its GPUs (``CUDA_VISIBLE_DEVICES`` on each host). So two
+jobs at one site never share a GPU, and a multi-node job never lands on GPUs another job holds.
+
+When too few are free, the training waits, logging what it waits for, up to ``GPU_WAIT_S``; then
+it fails naming the site and the counts. A job no amount of waiting can fit (too few hosts with
+that many GPUs) fails at once. A CPU job (``resources.gpus: 0``), a site without SSH hosts or
+whose hosts declare no GPUs (``hosts[].gpus``, default 0: as before, on the first hosts, seeing
+every GPU) and a multi-node job on cloud instances (started for it alone) take no lease.
+
+A holder that dies keeps its GPUs until its lease expires (``LEASE_S`` after its last renewal),
+when the served stack's repossessor frees them. A server without that service (the embedded
+default) never would, so each lease's holder is written to the Prefect variable
+``gpu-lease-<lease id>``, and a waiting training frees the GPUs of a holder whose run has ended,
+as for the job's training lease (``orchestration.training_lease``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from datetime import UTC, datetime
+from uuid import UUID
+
+from prefect import get_run_logger, runtime
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, VariableCreate
+from prefect.concurrency._leases import maintain_concurrency_lease
+from prefect.concurrency._sync import acquire_concurrency_slots_with_lease
+from prefect.exceptions import ObjectAlreadyExists
+
+from hybridtrain.errors import NoFeasiblePlacement
+from hybridtrain.placement.node_fit import host_key, host_shortfall, pick_gpus
+from hybridtrain.specs.job import JobSpec
+from hybridtrain.specs.sites import Site
+from orchestration.training_lease import LEASE_S, REAP_AFTER_S, holder_is_gone, release_lease
+
+#: How long a training waits for enough free GPUs before it gives up.
+GPU_WAIT_S = float(os.environ.get("HYBRIDTRAIN_GPU_WAIT_S", str(6 * 3600)))
+#: Seconds between looks at the free GPUs while waiting (and the longest one request for them waits).
+GPU_POLL_S = float(os.environ.get("HYBRIDTRAIN_GPU_POLL_S", "5"))
+HOLDER_PREFIX = "gpu-lease-"
+PAGE = 200
+
+#: The GPUs a training holds: ``host_key`` → the GPU indices it may use there.
+Gpus = Mapping[str, tuple[int, ...]]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def gpu_limit_name(site: str, key: str, index: int) -> str:
+    """The one-slot global concurrency limit of GPU ``index`` of host ``key`` (``host_key``) at ``site``."""
+    return f"gpu-{_slug(site)}-{_slug(key)}-{index}"
+
+
+def needs_gpus(site: Site, spec: JobSpec) -> bool:
+    """Whether training ``spec`` at ``site`` takes a GPU lease: a GPU job on SSH hosts that declare their GPUs."""
+    cloud_nodes = spec.resources.nodes > 1 and site.instances is not None
+    return spec.resources.gpus >= 1 and any(h.gpus > 0 for h in site.hosts) and not cloud_nodes
+
+
+def free_gpus(site: Site) -> dict[str, list[int]]:
+    """Each SSH host's free GPU indices, from the limits' active slots; creates the limits it lacks."""
+    names = {gpu_limit_name(site.name, host_key(h), i): (host_key(h), i) for h in site.hosts for i in range(h.gpus)}
+    taken: dict[str, int] = {}
+    with get_client(sync_client=True) as client:
+        offset = 0
+        while True:
+            page = client.read_global_concurrency_limits(limit=PAGE, offset=offset)
+            taken.update({g.name: g.active_slots for g in page if g.name in names})
+            if len(page) < PAGE:
+                break
+            offset += PAGE
+        for name in names.keys() - taken.keys():
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+            except ObjectAlreadyExists:
+                pass
+            taken[name] = 0
+    free: dict[str, list[int]] = {host_key(h): [] for h in site.hosts}
+    for name, (key, index) in names.items():
+        if taken[name] == 0:
+            free[key].append(index)
+    return free
+
+
+def _holders() -> list[tuple[str, dict]]:
+    """The recorded GPU lease holders: (variable name, record)."""
+    with get_client(sync_client=True) as client:
+        response = client.request("POST", "/variables/filter", json={
+            "variables": {"name": {"like_": f"{HOLDER_PREFIX}%"}}, "limit": PAGE})
+    return [(v["name"], v["value"]) for v in response.json() if isinstance(v.get("value"), dict)]
+
+
+def reap_dead_gpu_holders(tried: set[str]) -> list[str]:
+    """Free the GPUs of every recorded holder whose run has ended and whose lease should have expired.
+
+    Revoking a lease that was released already is a no-op, so a live holder's GPUs are never freed.
+    Returns one line per holder freed."""
+    freed = []
+    for name, record in _holders():
+        lease = record.get("lease_id")
+        if not lease or lease in tried:
+            continue
+        age = (datetime.now(UTC) - datetime.fromisoformat(record["since"])).total_seconds()
+        if age < REAP_AFTER_S or not holder_is_gone(record):
+            continue
+        tried.add(lease)
+        with get_client(sync_client=True) as client:
+            client.release_concurrency_slots_with_lease(UUID(lease))
+            client.delete_variable_by_name(name)
+        freed.append(f"freed GPUs {record.get('gpus')} at site {record.get('site')}: their holder, flow run "
+                     f"{record.get('flow_run')}, has ended")
+    return freed
+
+
+def _record(lease_id: UUID, site: str, job: str, gpus: Gpus) -> str:
+    name = f"{HOLDER_PREFIX}{lease_id}"
+    root = runtime.flow_run.root_flow_run_id if hasattr(runtime.flow_run, "root_flow_run_id") else None
+    record = {"lease_id": str(lease_id), "site": site, "job": job,
+              "gpus": {k: list(v) for k, v in gpus.items()}, "flow_run": str(runtime.flow_run.id or ""),
+              "root_flow_run": str(root or ""), "since": datetime.now(UTC).isoformat()}
+    with get_client(sync_client=True) as client:
+        client.create_variable(VariableCreate(name=name, value=record))
+    return name
+
+
+def _forget(name: str) -> None:
+    with get_client(sync_client=True) as client:
+        client.delete_variable_by_name(name)
+
+
+def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | None = None) -> Gpus:
+    """Take the GPUs ``spec`` trains on at ``site`` (see the module docstring), released when ``held`` closes.
+
+    Raises ``NoFeasiblePlacement`` naming the site and the counts when the site's hosts can never
+    hold the job, or when not enough GPUs were free within ``wait_s`` (default ``GPU_WAIT_S``).
+    """
+    nodes, per_node = spec.resources.nodes, spec.resources.gpus
+    never = host_shortfall(site, nodes, per_node)
+    if never is not None:
+        raise NoFeasiblePlacement(spec.name, {site.name: never},
+                                  hint="lower resources.gpus or resources.nodes, or place the job elsewhere")
+    log = get_run_logger()
+    deadline = time.monotonic() + (GPU_WAIT_S if wait_s is None else wait_s)
+    tried: set[str] = set()
+    said = None
+    while True:
+        try:
+            gpus = pick_gpus(site, nodes, per_node, free_gpus(site), job=spec.name)
+        except NoFeasiblePlacement as exc:
+            why = exc.rejected.get(site.name, str(exc))
+            for line in reap_dead_gpu_holders(tried):
+                log.warning(line)
+            if time.monotonic() >= deadline:
+                waited = GPU_WAIT_S if wait_s is None else wait_s
+                raise NoFeasiblePlacement(spec.name, {site.name: f"{why} (waited {waited:.0f} s)"},
+                                          hint="wait for the site's runs to end, or place the job elsewhere") from exc
+            if why != said:
+                log.info("waiting for GPUs: %s", why)
+                said = why
+            time.sleep(GPU_POLL_S)
+            continue
+        names = [gpu_limit_name(site.name, key, i) for key, indices in gpus.items() for i in indices]
+        try:
+            granted = acquire_concurrency_slots_with_lease(names, 1, lease_duration=LEASE_S, strict=True,
+                                                           timeout_seconds=GPU_POLL_S)
+        except TimeoutError as exc:  # another training took some of them first: look again, within the wait
+            if time.monotonic() >= deadline:
+                waited = GPU_WAIT_S if wait_s is None else wait_s
+                raise NoFeasiblePlacement(spec.name, {site.name: (
+                    f"GPUs {', '.join(names)} looked free but could not be taken (waited {waited:.0f} s)")},
+                    hint="wait for the site's runs to end, or place the job elsewhere") from exc
+            continue
+        held.callback(release_lease, granted.lease_id)
+        held.enter_context(maintain_concurrency_lease(granted.lease_id, LEASE_S, raise_on_lease_renewal_failure=True))
+        held.callback(_forget, _record(granted.lease_id, site.name, spec.name, gpus))
+        log.info("holding GPUs %s at site %s", "; ".join(f"{k}: {','.join(map(str, v))}" for k, v in gpus.items()),
+                 site.name)
+        return gpus
+
+
+@contextmanager
+def hold_gpus(site: Site, spec: JobSpec) -> Iterator[Gpus | None]:
+    """The GPUs of ``site``'s hosts ``spec`` trains on, held for the block (None: it takes no lease)."""
+    if not needs_gpus(site, spec):
+        yield None
+        return
+    with ExitStack() as held:
+        yield acquire_gpus(held, site, spec)

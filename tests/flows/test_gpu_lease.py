@@ -1,0 +1,178 @@
+"""GPU leases on a site's SSH hosts, on a real Prefect server: jobs get different GPUs, wait for busy ones, and
+free a dead holder's — never a live one's."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import ExitStack
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from hybridtrain.errors import NoFeasiblePlacement
+from hybridtrain.placement.node_fit import host_key
+from hybridtrain.specs.job import load_spec, parse_spec
+from hybridtrain.specs.sites import SshHost
+from tests.fixtures.placement_cases import site
+from tests.fixtures.workspaces import ROOT
+
+pytestmark = pytest.mark.slow  # a Prefect server
+
+HOST_A, HOST_B = SshHost(hostname="gpu-a", username="train", gpus=2), SshHost(hostname="gpu-b", username="train", gpus=2)
+A, B = host_key(HOST_A), host_key(HOST_B)
+
+
+def dc(name: str, *hosts: SshHost):
+    return site(name, kind="onprem", gpus=sum(h.gpus for h in hosts)).model_copy(update={"hosts": hosts})
+
+
+def job(gpus: int, nodes: int = 1):
+    data = load_spec(ROOT / "jobs" / "churn.yaml").to_dict()
+    data["resources"].update(gpus=gpus, nodes=nodes)
+    return parse_spec(data)
+
+
+@pytest.fixture
+def lease(monkeypatch):
+    from orchestration import gpu_lease
+
+    monkeypatch.setattr(gpu_lease, "GPU_POLL_S", 0.2)
+    monkeypatch.setattr(gpu_lease, "REAP_AFTER_S", 1.0)
+    return gpu_lease
+
+
+def test_jobs_at_one_site_get_gpus_no_other_job_holds_and_give_them_back(prefect_server, lease):
+    from prefect import flow
+
+    sdc = dc("lease-dc-share", HOST_A, HOST_B)
+
+    @flow
+    def jobs() -> dict:
+        out = {}
+        with ExitStack() as first:
+            out["first"] = lease.acquire_gpus(first, sdc, job(2))
+            with ExitStack() as others:
+                out["second"] = lease.acquire_gpus(others, sdc, job(1))
+                out["third"] = lease.acquire_gpus(others, sdc, job(1))
+                try:
+                    lease.acquire_gpus(ExitStack(), sdc, job(1), wait_s=1.0)
+                except NoFeasiblePlacement as exc:
+                    out["full"] = str(exc)
+            out["freed"] = lease.free_gpus(sdc)
+            try:
+                lease.acquire_gpus(ExitStack(), sdc, job(4))
+            except NoFeasiblePlacement as exc:
+                out["never"] = str(exc)
+        out["end"] = lease.free_gpus(sdc)
+        return out
+
+    out = jobs()
+    assert out["first"] == {A: (0, 1)} and out["second"] == {B: (0,)} and out["third"] == {B: (1,)}
+    assert "site lease-dc-share has 0 free host(s) with >= 1 GPUs (2 hosts, 2 busy, 0 with fewer GPUs)" in out["full"]
+    assert "waited 1 s" in out["full"]
+    assert out["freed"] == {A: [], B: [0, 1]}  # the two 1-GPU jobs gave theirs back when they ended
+    assert "has 0 SSH host(s) with >= 4 GPUs" in out["never"]  # at once: no wait frees a 4-GPU host
+    assert out["end"] == {A: [0, 1], B: [0, 1]}
+
+
+def test_a_two_node_job_takes_gpus_on_two_hosts_and_a_waiting_job_starts_when_they_free(prefect_server, lease):
+    from prefect import flow
+
+    sdc = dc("lease-dc-wait", HOST_A, HOST_B)
+    holding, done = threading.Event(), threading.Event()
+    got: dict = {}
+
+    @flow
+    def two_nodes() -> None:
+        with ExitStack() as held:
+            got["two"] = lease.acquire_gpus(held, sdc, job(2, nodes=2))
+            holding.set()
+            done.wait(60)
+
+    @flow
+    def waiting() -> dict:
+        with ExitStack() as held:
+            return lease.acquire_gpus(held, sdc, job(1), wait_s=60)
+
+    first = threading.Thread(target=two_nodes)
+    first.start()
+    try:
+        assert holding.wait(60)
+        assert got["two"] == {A: (0, 1), B: (0, 1)}
+        second = threading.Thread(target=lambda: got.setdefault("waited", waiting()))
+        second.start()
+        second.join(3)
+        assert second.is_alive() and "waited" not in got  # every GPU is held: it waits
+    finally:
+        done.set()
+        first.join(60)
+    second.join(60)
+    assert got["waited"] == {A: (0,)}
+
+
+def ended_flow_run_id() -> str:
+    from prefect import flow
+
+    @flow
+    def finished() -> None:
+        return None
+
+    return str(finished(return_state=True).state_details.flow_run_id)
+
+
+def hold_without_a_run(names: list[str]):
+    """GPUs taken outside any flow run, as by a process since killed, whose lease is never renewed nor released."""
+    from prefect.concurrency._sync import acquire_concurrency_slots_with_lease
+
+    return acquire_concurrency_slots_with_lease(names, 1, lease_duration=60, strict=True)
+
+
+def record_holder(lease_id, flow_run: str, since: datetime) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import VariableCreate
+
+    from orchestration.gpu_lease import HOLDER_PREFIX
+
+    name = f"{HOLDER_PREFIX}{lease_id}"
+    with get_client(sync_client=True) as client:
+        client.create_variable(VariableCreate(name=name, value={
+            "lease_id": str(lease_id), "site": "x", "gpus": {}, "flow_run": flow_run, "root_flow_run": "",
+            "since": since.isoformat()}))
+    return name
+
+
+def test_a_dead_holders_gpus_are_freed_for_a_waiting_job_and_a_live_holders_never(prefect_server, lease):
+    from prefect import flow, runtime
+    from prefect.client.orchestration import get_client
+
+    sdc = dc("lease-dc-dead", HOST_A)
+    names = [lease.gpu_limit_name(sdc.name, A, i) for i in range(2)]
+    lease.free_gpus(sdc)  # the limits exist
+    dead = hold_without_a_run(names)
+    dead_record = record_holder(dead.lease_id, ended_flow_run_id(), datetime.now(UTC) - timedelta(hours=1))
+
+    @flow
+    def after_a_crash() -> dict:
+        with ExitStack() as held:
+            return lease.acquire_gpus(held, sdc, job(2), wait_s=60)
+
+    assert after_a_crash() == {A: (0, 1)}
+    with get_client(sync_client=True) as client:
+        assert client.read_variable_by_name(dead_record) is None  # its record went with it
+
+    @flow
+    def beside_a_live_holder() -> str:
+        live = hold_without_a_run(names)  # held for this very run, which is still running
+        record_holder(live.lease_id, str(runtime.flow_run.id), datetime.now(UTC) - timedelta(hours=1))
+        try:
+            with ExitStack() as held:
+                lease.acquire_gpus(held, sdc, job(1), wait_s=1.0)
+        except NoFeasiblePlacement as exc:
+            return str(exc)
+        finally:
+            with get_client(sync_client=True) as client:
+                assert client.read_global_concurrency_limit_by_name(names[0]).active_slots == 1
+                client.release_concurrency_slots_with_lease(live.lease_id)
+        return "took a live holder's GPUs"
+
+    assert "0 free host(s) with >= 1 GPUs" in beside_a_live_holder()
