@@ -14,6 +14,7 @@ from hybridtrain.placement.node_fit import host_key
 from hybridtrain.specs.job import load_spec, parse_spec
 from hybridtrain.specs.sites import SshHost
 from tests.fixtures.placement_cases import site
+from tests.fixtures.prefect_api import ended_flow_run_id
 from tests.fixtures.workspaces import ROOT
 
 pytestmark = pytest.mark.slow  # a Prefect server
@@ -108,16 +109,6 @@ def test_a_two_node_job_takes_gpus_on_two_hosts_and_a_waiting_job_starts_when_th
         first.join(60)
     second.join(60)
     assert got["waited"] == {A: (0,)}
-
-
-def ended_flow_run_id() -> str:
-    from prefect import flow
-
-    @flow
-    def finished() -> None:
-        return None
-
-    return str(finished(return_state=True).state_details.flow_run_id)
 
 
 def hold_without_a_run(names: list[str]):

@@ -7,15 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-
-def ended_flow_run_id() -> str:
-    from prefect import flow
-
-    @flow
-    def finished() -> None:
-        return None
-
-    return str(finished(return_state=True).state_details.flow_run_id)
+from tests.fixtures.prefect_api import ended_flow_run_id
 
 
 def take_lease_without_a_run(job: str):
