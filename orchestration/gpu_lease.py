@@ -42,7 +42,7 @@ from hybridtrain.errors import NoFeasiblePlacement
 from hybridtrain.placement.node_fit import host_key, host_shortfall, pick_gpus
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.specs.sites import Site
-from orchestration.training_lease import LEASE_S, REAP_AFTER_S, holder_is_gone, release_lease
+from orchestration.training_lease import LEASE_S, holder_ended_long_ago, release_lease
 
 #: How long a training waits for enough free GPUs before it gives up.
 GPU_WAIT_S = float(os.environ.get("HYBRIDTRAIN_GPU_WAIT_S", str(6 * 3600)))
@@ -111,10 +111,7 @@ def reap_dead_gpu_holders(tried: set[str]) -> list[str]:
     freed = []
     for name, record in _holders():
         lease = record.get("lease_id")
-        if not lease or lease in tried:
-            continue
-        age = (datetime.now(UTC) - datetime.fromisoformat(record["since"])).total_seconds()
-        if age < REAP_AFTER_S or not holder_is_gone(record):
+        if not lease or lease in tried or not holder_ended_long_ago(record):
             continue
         tried.add(lease)
         with get_client(sync_client=True) as client:
@@ -153,9 +150,15 @@ def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | 
         raise NoFeasiblePlacement(spec.name, {site.name: never},
                                   hint="lower resources.gpus or resources.nodes, or place the job elsewhere")
     log = get_run_logger()
-    deadline = time.monotonic() + (GPU_WAIT_S if wait_s is None else wait_s)
+    wait = GPU_WAIT_S if wait_s is None else wait_s
+    deadline = time.monotonic() + wait
     tried: set[str] = set()
     said = None
+
+    def give_up(why: str) -> NoFeasiblePlacement:
+        return NoFeasiblePlacement(spec.name, {site.name: f"{why} (waited {wait:.0f} s)"},
+                                   hint="wait for the site's runs to end, or place the job elsewhere")
+
     while True:
         try:
             gpus = pick_gpus(site, nodes, per_node, free_gpus(site), job=spec.name)
@@ -164,9 +167,7 @@ def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | 
             for line in reap_dead_gpu_holders(tried):
                 log.warning(line)
             if time.monotonic() >= deadline:
-                waited = GPU_WAIT_S if wait_s is None else wait_s
-                raise NoFeasiblePlacement(spec.name, {site.name: f"{why} (waited {waited:.0f} s)"},
-                                          hint="wait for the site's runs to end, or place the job elsewhere") from exc
+                raise give_up(why) from exc
             if why != said:
                 log.info("waiting for GPUs: %s", why)
                 said = why
@@ -178,10 +179,7 @@ def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | 
                                                            timeout_seconds=GPU_POLL_S)
         except TimeoutError as exc:  # another training took some of them first: look again, within the wait
             if time.monotonic() >= deadline:
-                waited = GPU_WAIT_S if wait_s is None else wait_s
-                raise NoFeasiblePlacement(spec.name, {site.name: (
-                    f"GPUs {', '.join(names)} looked free but could not be taken (waited {waited:.0f} s)")},
-                    hint="wait for the site's runs to end, or place the job elsewhere") from exc
+                raise give_up(f"GPUs {', '.join(names)} looked free but could not be taken") from exc
             continue
         held.callback(release_lease, granted.lease_id)
         held.enter_context(maintain_concurrency_lease(granted.lease_id, LEASE_S, raise_on_lease_renewal_failure=True))

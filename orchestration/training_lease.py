@@ -88,6 +88,13 @@ def holder_is_gone(record: dict) -> bool:
     return False
 
 
+def holder_ended_long_ago(record: dict) -> bool:
+    """Whether a recorded lease holder may be freed: its lease is older than ``REAP_AFTER_S`` (it should
+    have expired) and its run, or the run above it, has ended. The GPU leases use the same rule."""
+    age = (datetime.now(UTC) - datetime.fromisoformat(record["since"])).total_seconds()
+    return age >= REAP_AFTER_S and holder_is_gone(record)
+
+
 def reap_dead_holder(job: str, tried: set[str]) -> str | None:
     """Revoke the recorded holder's lease if that holder has ended and its lease should have expired.
 
@@ -98,8 +105,7 @@ def reap_dead_holder(job: str, tried: set[str]) -> str | None:
     record = Variable.get(holder_name(job), default=None)
     if not isinstance(record, dict) or not record.get("lease_id") or record["lease_id"] in tried:
         return None
-    age = (datetime.now(UTC) - datetime.fromisoformat(record["since"])).total_seconds()
-    if age < REAP_AFTER_S or not holder_is_gone(record):
+    if not holder_ended_long_ago(record):
         return None
     with get_client(sync_client=True) as client:
         client.release_concurrency_slots_with_lease(UUID(record["lease_id"]))
