@@ -47,6 +47,10 @@ def federation_problems(spec: JobSpec, sites: SitesCatalog | None) -> list[Probl
         p.append(Problem("placement.site", "pins one training site, but federated training trains at every data "
                                            "site: remove it (training.federated.aggregation_site picks the "
                                            "aggregator)"))
+    if (mode == "federated" or len(parts) > 1) and spec.resources.nodes > 1:
+        p.append(Problem("resources.nodes", f"is {spec.resources.nodes}, but federated training trains each site's "
+                                            "rounds on one host: set resources.nodes: 1 (resources.gpus gives the "
+                                            "round more GPUs on that host)"))
     if sites is not None and fed.aggregation_site is not None and fed.aggregation_site not in sites.names:
         p.append(Problem("training.federated.aggregation_site",
                          f"unknown site {fed.aggregation_site!r}; known: {', '.join(sites.names)}"))

@@ -61,11 +61,13 @@ def test_validate_names_each_federation_mistake(fed_workspace):
     data["dataset"]["sites"][0]["path"] = parts[0]["path"]  # same path as the first part
     data["training"]["mode"] = "centralized"
     data["placement"] = {"site": "onprem-dc1"}
+    data.setdefault("resources", {})["nodes"] = 2  # a site's round trains on one host
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     out = cli(root, "validate", str(path))
     assert out.returncode == 2, out.stdout + out.stderr
     text = " ".join((out.stdout + out.stderr).split())
-    for field in ("dataset.sites[1].site", "dataset.sites[0].path", "training.mode", "placement.site"):
+    for field in ("dataset.sites[1].site", "dataset.sites[0].path", "training.mode", "placement.site",
+                  "resources.nodes"):
         assert field in text, (field, text)
     assert "Traceback" not in text
     data = yaml.safe_load(federated_spec(root, parts, name="badfed", min_sites=4).read_text())
