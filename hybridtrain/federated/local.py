@@ -6,7 +6,9 @@ weights with its row count. With FedProx the loss gets ``mu/2 * ||w - w_global||
 keeps a site with very different data from pulling the model far from the others. With
 ``dp`` the step is DP-SGD through Opacus (per-sample clipping and Gaussian noise) and the
 spent epsilon for the configured delta is returned. Shuffles and dropout draw from generators
-seeded by (model seed, round, site), so a replayed round gives the same update.
+seeded by (model seed, round, site), so a replayed round gives the same update. It trains on
+the GPU when one is visible (on an SSH host, the one the round holds), as the centralized trainer
+does; the weights it returns are on the CPU either way.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from hybridtrain.specs.job import ModelSpec
 from hybridtrain.training.evaluation import binary_metrics, model_probabilities
 from hybridtrain.training.featurizer import Featurizer
 from hybridtrain.training.model import TabularMLP
-from hybridtrain.training.trainer import epoch_permutation
+from hybridtrain.training.trainer import default_device, epoch_permutation
 
 
 @dataclass
@@ -74,10 +76,13 @@ def evaluate_state(model_spec: ModelSpec, featurizer: Featurizer, state: dict[st
 
 def train_local(model_spec: ModelSpec, featurizer: Featurizer, global_state: dict[str, torch.Tensor],
                 train: pd.DataFrame, val: pd.DataFrame, label: str, *, site: str, rnd: int, epochs: int,
-                mu: float = 0.0, dp: DifferentialPrivacySpec | None = None, threads: int | None = None) -> LocalResult:
-    """``epochs`` local epochs from ``global_state``; metrics: the global model's on the local val
-    split (``global_val_*``), then the local model's (``val_*``), and the mean train loss."""
+                mu: float = 0.0, dp: DifferentialPrivacySpec | None = None, threads: int | None = None,
+                device: torch.device | None = None) -> LocalResult:
+    """``epochs`` local epochs from ``global_state`` on ``device`` (default: the GPU when one is visible,
+    else the CPU); metrics: the global model's on the local val split (``global_val_*``), then the
+    local model's (``val_*``), and the mean train loss."""
     started = time.perf_counter()
+    device = device if device is not None else default_device()
     previous_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -87,7 +92,7 @@ def train_local(model_spec: ModelSpec, featurizer: Featurizer, global_state: dic
                    evaluate_state(model_spec, featurizer, global_state, val, label, "val").items()}
         seed = round_seed(model_spec.seed, rnd, site)
         torch.manual_seed(seed)
-        model = build_model(model_spec, featurizer, global_state)
+        model = build_model(model_spec, featurizer, global_state).to(device)
         anchor = [p.detach().clone() for p in model.parameters()]
         optimizer = torch.optim.Adam(model.parameters(), lr=model_spec.learning_rate,
                                      weight_decay=model_spec.weight_decay)
@@ -108,6 +113,7 @@ def train_local(model_spec: ModelSpec, featurizer: Featurizer, global_state: dic
             for xb, yb in epoch_batches:
                 if len(xb) == 0:
                     continue
+                xb, yb = xb.to(device), yb.to(device)
                 optimizer.zero_grad(set_to_none=True)
                 loss = loss_fn(model(xb), yb)
                 if mu > 0:
@@ -117,7 +123,7 @@ def train_local(model_spec: ModelSpec, featurizer: Featurizer, global_state: dic
                 optimizer.step()
                 losses.append(float(loss.item()))
         trained = model._module if engine is not None else model  # Opacus wraps the module
-        state = {k: v.detach().clone() for k, v in trained.state_dict().items()}
+        state = {k: v.detach().cpu().clone() for k, v in trained.state_dict().items()}
         metrics["train_loss"] = float(np.mean(losses)) if losses else float("nan")
         metrics.update({f"val_{k}": v for k, v in
                         evaluate_state(model_spec, featurizer, state, val, label, "val").items()})
