@@ -1,7 +1,8 @@
 """RemoteRound: a data site's federated round run on the site's SSH host — round bundle up, the host trains, its report back.
 
 ``ssh_train_round`` is what ``site.train_round`` calls for a data site that lists SSH hosts (the
-first one, as a centralized job of that site would use). An example, round 2 of site ``dc2``:
+host whose GPUs the round holds, ``orchestration.gpu_lease``; the first one for a CPU job or
+hosts that declare no GPUs, as a centralized job of that site would use). An example, round 2 of site ``dc2``:
 
 1. It connects to the host (pinned host key, the site block's key) and looks for job
    ``<job>-<run_key>-r0002-dc2`` there. None yet: it writes the RoundBundle (spec, the pointer to
@@ -27,7 +28,7 @@ import logging
 import re
 import shlex
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import SecretStr
@@ -35,6 +36,7 @@ from pydantic import SecretStr
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import RemoteJobFailed, TransientError
 from hybridtrain.federated.host_round import ENTRY_POINT, REPORT_FILE, RoundBundle, RoundReport
+from hybridtrain.placement.node_fit import visible_devices
 from hybridtrain.remote.host_training import ERROR_FILES
 from hybridtrain.remote.job_bundle import SECRETS_FILE
 from hybridtrain.remote.remote_training import SETUP_ALLOWANCE_S, attach_or_retire, portable_site
@@ -56,9 +58,12 @@ def ssh_train_round(ws: Workspace, spec: JobSpec, site: Site, aggregation_site: 
                     private_key: str | SecretStr, known_hosts: str, run_key: str, rnd: int, approved: DatasetVersion,
                     featurizer: dict, on_line: Callable[[str], None] | None = None, *,
                     poll_interval: float = 0.5, timeout: float | None = None,
-                    keep_at_site: bool = False) -> tuple[RoundReport, str]:
+                    keep_at_site: bool = False,
+                    devices: Mapping[str, Sequence[int]] | None = None) -> tuple[RoundReport, str]:
     """Round ``rnd`` of ``site`` on ``host``; returns the host's report and the host's label (``user@host:port``).
     ``keep_at_site`` (secure aggregation): the host keeps the update in the site's own store instead of sending it.
+    ``devices`` (``host_key`` → GPU indices, the GPUs held for the round) limit the round to its GPUs
+    (``CUDA_VISIBLE_DEVICES``); it trains on the first of them when CUDA is there.
 
     Raises SiteUnavailable when the host cannot be reached, HostKeyRejected / AuthRefused for a
     wrong block, RemoteJobFailed when the job fails or outlives ``timeout`` (default
@@ -82,7 +87,8 @@ def ssh_train_round(ws: Workspace, spec: JobSpec, site: Site, aggregation_site: 
                                                   f"{remote.job_dir(job_id)}/bundle")
             job = remote.launch(job_id, [host.python, "-m", ENTRY_POINT, remote_bundle],
                                 workdir=remote.job_dir(job_id),
-                                env={"PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1"})
+                                env={"PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1",
+                                     **visible_devices(devices, host)})
         try:
             remote.stream(job, emit, poll_interval=poll_interval, timeout=limit)
         except RemoteJobFailed as exc:

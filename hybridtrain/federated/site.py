@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,6 +37,10 @@ from hybridtrain.federated.rounds import RoundStore, load_state, state_bytes
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.training.featurizer import Featurizer
 from hybridtrain.workspace import Workspace
+
+#: Holds the GPUs a round trains on while the block runs: ``host_key`` → GPU indices, or None when it takes none
+#: (the shell's ``orchestration.gpu_lease.hold_gpus`` for the site and job).
+HoldGpus = Callable[[], AbstractContextManager[Mapping[str, Sequence[int]] | None]]
 
 if TYPE_CHECKING:
     from hybridtrain.remote.ssh_site import SshCredentials
@@ -161,14 +167,18 @@ def _fetch_global(ws: Workspace, rs: RoundStore, rnd: int, site: str, aggregatio
 
 
 def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,
-                featurizer: dict, aggregation_site: str, secure: secagg.SecureRound | None = None) -> SiteUpdate:
+                featurizer: dict, aggregation_site: str, secure: secagg.SecureRound | None = None,
+                hold_gpus: HoldGpus | None = None) -> SiteUpdate:
     """Round ``rnd`` at ``site``: fetch the global model of round ``rnd - 1``, train ``local_epochs``
     on the approved part, send the new weights to the aggregator.
 
-    A site that lists SSH hosts trains the round on its first host (``remote_round``): the host
+    A site that lists SSH hosts trains the round on one of them (``remote_round``): the host
     reads the approved part from the site's store and the global model from the round store, and
     writes the update there; this process checks the route first and then gets back only the
-    host's report, whose crossings go to the audit log here as in-process ones do.
+    host's report, whose crossings go to the audit log here as in-process ones do. With
+    ``hold_gpus`` the round first takes its GPUs (a GPU job on hosts that declare theirs: waiting
+    while another job holds them) and trains on the host they are on, seeing only them; without
+    it, or when it holds none, on the first host.
 
     With secure aggregation (``secure``: the attempt, its participants, their rows and public keys)
     the site keeps its new weights to itself (``site_private``; an SSH host writes them there instead
@@ -185,7 +195,7 @@ def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int,
     if secure is None:
         if ssh is not None:
             return _train_round_on_host(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, ssh,
-                                        started)
+                                        started, hold_gpus=hold_gpus)
         return _send_round(ws, spec, site, run_key, rnd, aggregation_site, started,
                            _train_here(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site), None)
     rs = round_store(ws, spec, run_key, aggregation_site)
@@ -200,7 +210,7 @@ def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int,
                            job_id=job_id)
     elif ssh is not None:  # the host keeps the update in the site's store; it is masked here
         hosted = _train_round_on_host(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, ssh,
-                                      started, keep_at_site=True)
+                                      started, keep_at_site=True, hold_gpus=hold_gpus)
         kept = private.kept_update(rnd)
         if kept is None:
             raise TransientError(f"site {site}: the host {hosted.host} reported round {rnd} done, but its update is "
@@ -303,13 +313,17 @@ def _ssh_credentials(ws: Workspace, site: str) -> SshCredentials | None:
 
 def _train_round_on_host(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,
                          featurizer: dict, aggregation_site: str, ssh: SshCredentials, started: float,
-                         keep_at_site: bool = False) -> SiteUpdate:
+                         keep_at_site: bool = False, hold_gpus: HoldGpus | None = None) -> SiteUpdate:
     from hybridtrain.federated.remote_round import ssh_train_round  # lazy: heavy (paramiko)
+    from hybridtrain.placement.node_fit import held_hosts
 
     sites = ws.load_sites()
     s = sites.get(site)
-    report, label = ssh_train_round(ws, spec, s, sites.get(aggregation_site), s.hosts[0], ssh.private_key,
-                                    ssh.known_hosts, run_key, rnd, approved, featurizer, keep_at_site=keep_at_site)
+    with (hold_gpus() if hold_gpus is not None else nullcontext(None)) as gpus:
+        host = held_hosts(s, gpus)[0] if gpus else s.hosts[0]
+        report, label = ssh_train_round(ws, spec, s, sites.get(aggregation_site), host, ssh.private_key,
+                                        ssh.known_hosts, run_key, rnd, approved, featurizer,
+                                        keep_at_site=keep_at_site, devices=gpus)
     for record in report.transfers:
         _audit_crossing(ws, record)
     return SiteUpdate(site=site, round=rnd, rows=report.rows, metrics=report.metrics, epsilon=report.epsilon,

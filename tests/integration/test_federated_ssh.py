@@ -183,3 +183,57 @@ def test_no_ssh_key_or_no_host_is_one_clear_error_and_nothing_runs(runs, sshd):
         give_hosts(root, SSH_SITE, runs["host"].model_dump(mode="json"))
     assert SSH_SITE in str(down.value)
     assert not list((Path(sshd.host.workdir) / "jobs").glob("*-ssh-bad-*"))
+
+
+def test_a_gpu_jobs_round_holds_its_hosts_gpu_and_cannot_start_while_another_job_holds_it(runs, sshd, prefect_server,
+                                                                                         monkeypatch):
+    """The federated round task on a real Prefect server, the host declaring one GPU: while another job holds it the
+    round waits and then gives up naming the site, and nothing ran on the host; once it is free the round takes it,
+    trains seeing only it, and gives it back."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    from hybridtrain.errors import NoFeasiblePlacement
+    from hybridtrain.placement.node_fit import host_key
+    from orchestration import gpu_lease
+    from tasks.federated import train_round
+
+    monkeypatch.setattr(gpu_lease, "GPU_POLL_S", 0.2)
+    root, outcome = runs["root"], runs["ssh"]
+    host = runs["host"].model_copy(update={"gpus": 1})
+    give_hosts(root, SSH_SITE, host.model_dump(mode="json"))
+    spec = runs["spec"].model_copy(update={"resources": runs["spec"].resources.model_copy(update={"gpus": 1})})
+    other = runs["spec"].model_copy(update={"metadata": runs["spec"].metadata.model_copy(update={"name": "other"}),
+                                            "resources": spec.resources})
+    approved = outcome.prepared()[SSH_SITE].anon.approved
+    job = Path(sshd.host.workdir) / "jobs" / round_job_id(spec.name, "ssh", 3, SSH_SITE)
+    gpu = gpu_lease.gpu_limit_name(SSH_SITE, host_key(host), 0)
+
+    @flow
+    def round_three(wait_s: float) -> str:
+        monkeypatch.setattr(gpu_lease, "GPU_WAIT_S", wait_s)
+        try:  # round 3 of run key "ssh": from its round-2 global model
+            return train_round(runs["ws"], spec, SSH_SITE, "ssh", 3, approved, outcome.state.featurizer, AGG).host
+        except NoFeasiblePlacement as exc:
+            return f"refused: {exc}"
+
+    @flow
+    def while_another_job_holds_the_gpu() -> str:
+        sites = runs["ws"].load_sites()
+        with gpu_lease.hold_gpus(sites.get(SSH_SITE), other) as held:
+            assert held == {host_key(host): (0,)}
+            return round_three(1.0)
+
+    try:
+        refused = while_another_job_holds_the_gpu()
+        assert refused.startswith("refused: ") and SSH_SITE in refused and "waited 1 s" in refused, refused
+        assert not job.exists()  # it never reached the host
+        trained = round_three(60.0)
+    finally:
+        give_hosts(root, SSH_SITE, runs["host"].model_dump(mode="json"))
+    assert trained == f"{sshd.host.username}@[127.0.0.1]:{sshd.host.port}"
+    assert (job / "exit_code").read_text().strip() == "0"
+    assert "CUDA_VISIBLE_DEVICES=0 " in (job / "run.sh").read_text()  # it saw only the GPU it held
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(gpu)
+    assert limit.limit == 1 and limit.active_slots == 0  # and gave it back
