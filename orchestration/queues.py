@@ -1,10 +1,15 @@
 """PrefectQueues: each site's training queue as the Prefect server sees it — waiting and running runs, GPUs in use.
 
-The adapter the placement engine's live inputs come from. It reads flow runs of the
-``train-stage`` flow in each site's work pool with ordinary filtered reads (``read_flow_runs``)
-and never calls the worker-poll endpoints, which would mark a queue READY as if a worker had
-polled it. Each run's parameters carry its job spec, so the backlog is known in GPUs and hours,
-not just in counts. Prefect is imported inside the methods: importing the core stays Prefect-free.
+The adapter the placement engine's live inputs come from. It reads flow runs in each site's work
+pool with ordinary filtered reads (``read_flow_runs``) and never calls the worker-poll endpoints,
+which would mark a queue READY as if a worker had polled it. Each run's parameters carry its job
+spec, so the backlog is known in GPUs (``gpus × nodes``) and hours, not just in counts.
+
+``snapshot`` (what placement sees) counts every run that trains on the site's GPUs: a job's
+``train-stage``, a sweep's ``sweep-trial`` and a federated site's ``federated-round``, so a sweep
+or a federation that fills a pool makes the next job wait or burst as a full pool of train runs
+would. ``runs`` (what the burst controller may move) stays the ``train-stage`` runs: a sweep places
+its own trials. Prefect is imported inside the methods: importing the core stays Prefect-free.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from hybridtrain.specs.job import JobSpec, parse_spec
 from hybridtrain.specs.sites import SitesCatalog
 
 TRAIN_FLOW = "train-stage"
+#: The flows whose runs train on a site's GPUs (``flows/training.py``, ``flows/sweep.py``, ``flows/federated.py``).
+GPU_FLOWS = (TRAIN_FLOW, "sweep-trial", "federated-round")
 PAGE = 200
 #: Tags that carry the placement decision with a queued train run, so the burst controller and every
 #: queue snapshot see the run as the engine planned it (hours, work queue), as the simulator does.
@@ -75,7 +82,8 @@ class PoolRun:
 
     @property
     def gpus(self) -> int:
-        return max(1, self.spec.resources.gpus) if self.spec else 1
+        """GPU slots it takes: every node's GPUs (a CPU job, or a run whose spec is unreadable: one)."""
+        return max(1, self.spec.resources.total_gpus) if self.spec else 1
 
     @property
     def limit_hours(self) -> float:
@@ -95,16 +103,18 @@ def _spec_of(params: Mapping[str, Any]) -> JobSpec | None:
 class PrefectQueues:
     """Reads the train-stage backlog of every site's pool from the Prefect API in use."""
 
-    def __init__(self, sites: SitesCatalog, flow_name: str = TRAIN_FLOW):
+    def __init__(self, sites: SitesCatalog, flow_name: str = TRAIN_FLOW, gpu_flows: tuple[str, ...] = GPU_FLOWS):
         self.sites = sites
         self.flow_name = flow_name
+        self.gpu_flows = gpu_flows
 
     def runs(self, pool: str) -> list[PoolRun]:
         """Waiting (scheduled, late, pending) and running train-stage runs of ``pool``."""
         return self.runs_by_pool([pool])[pool]
 
-    def runs_by_pool(self, pools: list[str]) -> dict[str, list[PoolRun]]:
-        """The same for several pools, read in one paged query (not one per pool)."""
+    def runs_by_pool(self, pools: list[str], flows: tuple[str, ...] | None = None) -> dict[str, list[PoolRun]]:
+        """The same for several pools, read in one paged query (not one per pool); ``flows``: the flows whose
+        runs to read (default: train-stage)."""
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import (
             FlowFilter,
@@ -121,7 +131,7 @@ class PrefectQueues:
         with get_client(sync_client=True) as client:
             while True:  # the API serves at most PAGE runs per call
                 page = client.read_flow_runs(
-                    flow_filter=FlowFilter(name=FlowFilterName(any_=[self.flow_name])),
+                    flow_filter=FlowFilter(name=FlowFilterName(any_=list(flows or (self.flow_name,)))),
                     flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
                         any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]))),
                     work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=sorted(set(pools)))),
@@ -148,10 +158,11 @@ class PrefectQueues:
         return out
 
     def snapshot(self, now: datetime | None = None) -> dict[str, QueueState]:
-        """One ``QueueState`` per site, in GPU slots, with the backlog in arrival order."""
+        """One ``QueueState`` per site, in GPU slots, with the backlog in arrival order: the runs of every flow
+        that trains on the site's GPUs (``gpu_flows``)."""
         now = now or datetime.now(UTC)
         states: dict[str, QueueState] = {}
-        by_pool = self.runs_by_pool([site.work_pool for site in self.sites.sites])
+        by_pool = self.runs_by_pool([site.work_pool for site in self.sites.sites], self.gpu_flows)
         for site in self.sites.sites:
             runs = by_pool[site.work_pool]
             running = [r for r in runs if r.state == "RUNNING"]

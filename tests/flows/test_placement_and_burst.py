@@ -41,15 +41,18 @@ def env(prefect_server, pseudonym_key, tmp_path_factory):
     return {"ws": ws, "specs": specs, "approved": prepared.anon.approved, "run_id": run_id}
 
 
-def make_run(env, spec_name: str, *, running: bool, minutes_ago: int = 5):
+def make_run(env, spec_name: str, *, running: bool, minutes_ago: int = 5, deployment: str = "train-stage/onprem",
+             spec=None, **extra):
     from prefect.client.orchestration import get_client
     from prefect.states import Running, Scheduled
 
-    spec = env["specs"][spec_name]
+    spec = spec or env["specs"][spec_name]
     params = {"spec": spec.to_dict(), "approved": env["approved"].model_dump(mode="json"), "site": "onprem-dc1",
               "run_id": env["run_id"], "run_key": f"{spec_name}-{minutes_ago}"}
+    if deployment != "train-stage/onprem":  # a sweep's trial or a federated site's round: their own parameters
+        params = {"spec": params["spec"], "site": "onprem-dc1", **extra}
     with get_client(sync_client=True) as client:
-        dep = client.read_deployment_by_name("train-stage/onprem")
+        dep = client.read_deployment_by_name(deployment)
         when = datetime.now(UTC) - timedelta(minutes=minutes_ago)
         fr = client.create_flow_run_from_deployment(dep.id, parameters=params, state=Scheduled(scheduled_time=when))
         if running:
@@ -92,6 +95,40 @@ def test_filled_onprem_pool_makes_the_next_job_burst(env, filled_pool):
     onprem = next(c for c in outcome.candidates if c["site"] == "onprem-dc1" and c["capacity"] == "fixed")
     assert onprem["meets_deadline"] == "no"  # it was allowed, but the queue would make it late
     assert any("on-prem" in r or "onprem" in r for r in outcome.reasons), outcome.reasons
+
+
+def test_sweep_trials_federated_rounds_and_every_node_of_a_multi_node_run_count_as_busy_gpus(env, filled_pool):
+    """Placement sees the GPUs every kind of training run holds in the pool, not only single-node train runs."""
+    from prefect.client.orchestration import get_client
+
+    from flows.federated import federated_round
+    from flows.sweep import sweep_trial
+    from flows.training import train_stage
+    from orchestration.queues import GPU_FLOWS
+
+    assert set(GPU_FLOWS) == {train_stage.name, sweep_trial.name, federated_round.name}
+    with get_client(sync_client=True) as client:  # the pool is now all trials and rounds, no train-stage run
+        for run in filled_pool:
+            client.delete_flow_run(run)
+    filler = env["specs"]["filler"]
+    approved = env["approved"].model_dump(mode="json")
+    make_run(env, "filler", running=True, deployment="sweep-trial/onprem", approved=approved,
+             parent_run_id=env["run_id"], storage="sqlite:///unused.db", study="s",
+             ticket={"number": 0, "trial_id": 1, "params": {}})
+    make_run(env, "filler", running=True, deployment="federated-round/onprem", run_id=env["run_id"], run_key="k",
+             rnd=1, approved=approved, featurizer={}, aggregation_site="onprem-dc1", tag="t")
+    outcome, queues = decide(env)
+    q = queues["onprem-dc1"]
+    assert (q.running, q.gpus_in_use) == (2, 8)
+    assert outcome.site == "cloud-eu"  # it would wait behind them at home
+    with get_client(sync_client=True) as client:
+        for fr in client.read_flow_runs():
+            client.delete_flow_run(fr.id)
+    two_nodes = filler.model_copy(update={"resources": filler.resources.model_copy(update={"gpus": 4, "nodes": 2})})
+    make_run(env, "filler", running=True, spec=two_nodes)  # one run, 2 nodes × 4 GPUs
+    outcome, queues = decide(env)
+    assert (queues["onprem-dc1"].running, queues["onprem-dc1"].gpus_in_use) == (1, 8)
+    assert outcome.site == "cloud-eu"
 
 
 def test_lifecycle_bursts_when_the_onprem_pool_is_full(env, filled_pool):
