@@ -1,18 +1,24 @@
-"""GpuLease: the GPUs of a site's SSH hosts that a training holds, as Prefect global concurrency slots.
+"""GpuLease: the GPUs of a site that a training holds, as Prefect global concurrency slots.
 
 Every GPU of every SSH host of a site is a global concurrency limit of one slot,
 ``gpu-<site>-<user>-<host>-<port>-<index>``. A training of a job with ``resources.gpus`` >= 1 at
-such a site (a lifecycle's train stage or a sweep trial) takes, in one request, the GPUs
+such a site (a lifecycle's train stage, a sweep trial or a federated round) takes, in one request, the GPUs
 ``placement.node_fit.pick_gpus`` chooses among the free ones — ``resources.nodes`` hosts with
 that many free GPUs each, the lowest indices on each — renews the lease while it trains and frees
 the GPUs when it ends. The job sees only its GPUs (``CUDA_VISIBLE_DEVICES`` on each host). So two
 jobs at one site never share a GPU, and a multi-node job never lands on GPUs another job holds.
 
+A site without SSH hosts (its runs train in the pool worker's process, or on cloud instances
+started for them) is one limit, ``gpus-<site>``, of ``gpu_count`` slots; a GPU job there takes
+``nodes × gpus`` of them. So the jobs training at such a site at once never need more GPUs than it
+has, whatever their sizes — the pool's run limit counts runs, not GPUs. Which devices a job sees
+there is up to its process (the trainer takes the first visible GPU).
+
 When too few are free, the training waits, logging what it waits for, up to ``GPU_WAIT_S``; then
 it fails naming the site and the counts. A job no amount of waiting can fit (too few hosts with
-that many GPUs) fails at once. A CPU job (``resources.gpus: 0``), a site without SSH hosts or
-whose hosts declare no GPUs (``hosts[].gpus``, default 0: as before, on the first hosts, seeing
-every GPU) and a multi-node job on cloud instances (started for it alone) take no lease.
+that many GPUs, more GPUs than the site has) fails at once. A CPU job (``resources.gpus: 0``),
+a site whose hosts declare no GPUs (``hosts[].gpus``, default 0: as before, on the first hosts,
+seeing every GPU) and a multi-node job on cloud instances at a site that also lists hosts take no lease.
 
 A holder that dies keeps its GPUs until its lease expires (``LEASE_S`` after its last renewal),
 when the served stack's repossessor frees them. A server without that service (the embedded
@@ -26,17 +32,18 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from uuid import UUID
 
 from prefect import get_run_logger, runtime
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, VariableCreate
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate, VariableCreate
 from prefect.concurrency._leases import maintain_concurrency_lease
 from prefect.concurrency._sync import acquire_concurrency_slots_with_lease
-from prefect.exceptions import ObjectAlreadyExists
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
 from hybridtrain.errors import NoFeasiblePlacement
 from hybridtrain.placement.node_fit import host_key, host_shortfall, pick_gpus
@@ -117,16 +124,16 @@ def reap_dead_gpu_holders(tried: set[str]) -> list[str]:
         with get_client(sync_client=True) as client:
             client.release_concurrency_slots_with_lease(UUID(lease))
             client.delete_variable_by_name(name)
-        freed.append(f"freed GPUs {record.get('gpus')} at site {record.get('site')}: their holder, flow run "
+        freed.append(f"freed {record.get('gpus')} at site {record.get('site')}: their holder, flow run "
                      f"{record.get('flow_run')}, has ended")
     return freed
 
 
-def _record(lease_id: UUID, site: str, job: str, gpus: Gpus) -> str:
+def _record(lease_id: UUID, site: str, job: str, what: str) -> str:
     name = f"{HOLDER_PREFIX}{lease_id}"
     root = runtime.flow_run.root_flow_run_id if hasattr(runtime.flow_run, "root_flow_run_id") else None
     record = {"lease_id": str(lease_id), "site": site, "job": job,
-              "gpus": {k: list(v) for k, v in gpus.items()}, "flow_run": str(runtime.flow_run.id or ""),
+              "gpus": what, "flow_run": str(runtime.flow_run.id or ""),
               "root_flow_run": str(root or ""), "since": datetime.now(UTC).isoformat()}
     with get_client(sync_client=True) as client:
         client.create_variable(VariableCreate(name=name, value=record))
@@ -138,14 +145,84 @@ def _forget(name: str) -> None:
         client.delete_variable_by_name(name)
 
 
-def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | None = None) -> Gpus:
-    """Take the GPUs ``spec`` trains on at ``site`` (see the module docstring), released when ``held`` closes.
+def site_limit_name(site: str) -> str:
+    """The global concurrency limit of all the GPUs of a site without SSH hosts (its ``gpu_count`` slots)."""
+    return f"gpus-{_slug(site)}"
 
-    Raises ``NoFeasiblePlacement`` naming the site and the counts when the site's hosts can never
-    hold the job, or when not enough GPUs were free within ``wait_s`` (default ``GPU_WAIT_S``).
+
+def needs_site_gpus(site: Site, spec: JobSpec) -> bool:
+    """Whether training ``spec`` at ``site`` takes ``nodes × gpus`` of the site's GPU count: a GPU job at a site that
+    lists no SSH hosts (it trains in the worker's process, or on cloud instances started for it)."""
+    return spec.resources.gpus >= 1 and not site.hosts and site.gpu_count > 0
+
+
+def site_gpus_free(site: Site) -> tuple[int, int]:
+    """(free, total) GPUs of a site without SSH hosts; creates its limit, or resizes it to ``gpu_count``."""
+    name = site_limit_name(site.name)
+    with get_client(sync_client=True) as client:
+        try:
+            limit = client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=site.gpu_count))
+            except ObjectAlreadyExists:
+                pass
+            return site.gpu_count, site.gpu_count
+        if limit.limit != site.gpu_count:  # sites.yaml changed its count
+            client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=site.gpu_count))
+        return max(0, site.gpu_count - limit.active_slots), site.gpu_count
+
+
+@dataclass(frozen=True)
+class _Take:
+    """What one request takes: these limits, ``slots`` of each; ``gpus`` for the caller, ``what`` for logs."""
+
+    names: list[str]
+    slots: int
+    gpus: Gpus | None
+    what: str
+
+
+def _on_hosts(site: Site, spec: JobSpec) -> Callable[[], _Take]:
+    nodes, per_node = spec.resources.nodes, spec.resources.gpus
+
+    def choose() -> _Take:
+        gpus = pick_gpus(site, nodes, per_node, free_gpus(site), job=spec.name)
+        shown = "; ".join(f"{k}: {','.join(map(str, v))}" for k, v in gpus.items())
+        return _Take([gpu_limit_name(site.name, key, i) for key, indices in gpus.items() for i in indices], 1, gpus,
+                     f"GPUs {shown}")
+    return choose
+
+
+def _of_site(site: Site, spec: JobSpec) -> Callable[[], _Take]:
+    need = spec.resources.total_gpus
+
+    def choose() -> _Take:
+        free, total = site_gpus_free(site)
+        if free < need:
+            raise NoFeasiblePlacement(spec.name, {site.name: f"site {site.name} has {free} of {total} GPUs free; "
+                                                             f"the job needs {need}"})
+        return _Take([site_limit_name(site.name)], need, None, f"{need} of its {total} GPUs")
+    return choose
+
+
+def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | None = None) -> Gpus | None:
+    """Take the GPUs ``spec`` trains on at ``site`` (see the module docstring), released when ``held`` closes:
+    on SSH hosts the GPUs it returns (``host_key`` → indices); at a site without hosts ``nodes × gpus`` of its
+    ``gpu_count`` (returns None: the job sees what its process sees).
+
+    Raises ``NoFeasiblePlacement`` naming the site and the counts when the site can never hold the
+    job, or when not enough GPUs were free within ``wait_s`` (default ``GPU_WAIT_S``).
     """
     nodes, per_node = spec.resources.nodes, spec.resources.gpus
-    never = host_shortfall(site, nodes, per_node)
+    if site.hosts:
+        never = host_shortfall(site, nodes, per_node)
+        choose = _on_hosts(site, spec)
+    else:
+        total = spec.resources.total_gpus
+        never = (None if total <= site.gpu_count else
+                 f"site {site.name} has {site.gpu_count} GPUs (gpu_count); the job needs {total}")
+        choose = _of_site(site, spec)
     if never is not None:
         raise NoFeasiblePlacement(spec.name, {site.name: never},
                                   hint="lower resources.gpus or resources.nodes, or place the job elsewhere")
@@ -161,7 +238,7 @@ def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | 
 
     while True:
         try:
-            gpus = pick_gpus(site, nodes, per_node, free_gpus(site), job=spec.name)
+            take = choose()
         except NoFeasiblePlacement as exc:
             why = exc.rejected.get(site.name, str(exc))
             for line in reap_dead_gpu_holders(tried):
@@ -173,26 +250,25 @@ def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | 
                 said = why
             time.sleep(GPU_POLL_S)
             continue
-        names = [gpu_limit_name(site.name, key, i) for key, indices in gpus.items() for i in indices]
         try:
-            granted = acquire_concurrency_slots_with_lease(names, 1, lease_duration=LEASE_S, strict=True,
+            granted = acquire_concurrency_slots_with_lease(take.names, take.slots, lease_duration=LEASE_S, strict=True,
                                                            timeout_seconds=GPU_POLL_S)
         except TimeoutError as exc:  # another training took some of them first: look again, within the wait
             if time.monotonic() >= deadline:
-                raise give_up(f"GPUs {', '.join(names)} looked free but could not be taken") from exc
+                raise give_up(f"{take.what} looked free but could not be taken") from exc
             continue
         held.callback(release_lease, granted.lease_id)
         held.enter_context(maintain_concurrency_lease(granted.lease_id, LEASE_S, raise_on_lease_renewal_failure=True))
-        held.callback(_forget, _record(granted.lease_id, site.name, spec.name, gpus))
-        log.info("holding GPUs %s at site %s", "; ".join(f"{k}: {','.join(map(str, v))}" for k, v in gpus.items()),
-                 site.name)
-        return gpus
+        held.callback(_forget, _record(granted.lease_id, site.name, spec.name, take.what))
+        log.info("holding %s at site %s", take.what, site.name)
+        return take.gpus
 
 
 @contextmanager
 def hold_gpus(site: Site, spec: JobSpec) -> Iterator[Gpus | None]:
-    """The GPUs of ``site``'s hosts ``spec`` trains on, held for the block (None: it takes no lease)."""
-    if not needs_gpus(site, spec):
+    """The GPUs ``spec`` trains on at ``site``, held for the block: the SSH hosts' GPUs it may use, or None (it
+    holds a share of a site without hosts, or takes no lease)."""
+    if not (needs_gpus(site, spec) or needs_site_gpus(site, spec)):
         yield None
         return
     with ExitStack() as held:

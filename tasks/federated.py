@@ -34,8 +34,8 @@ def prepare_site(ws: Workspace, spec: JobSpec, site: str, run_key: str, aggregat
 @task(name="federated-train-round")
 def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int, approved: DatasetVersion,
                 featurizer: dict, aggregation_site: str, secure: SecureRound | None = None) -> steps.SiteUpdate:
-    """On a site's SSH hosts a GPU job's round trains on GPUs it holds (``orchestration.gpu_lease``), as a
-    centralized job's training does; a round that only masks its kept update again takes none."""
+    """A GPU job's round trains on GPUs it holds at its site (``orchestration.gpu_lease``), as a centralized
+    job's training does; a round that only masks its kept update again takes none."""
     return steps.train_round(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, secure,
                              hold_gpus=lambda: hold_gpus(ws.load_sites().get(site), spec))
 

@@ -33,8 +33,9 @@ def train_trial(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: st
     """Train one trial (resuming its checkpoints). No task retries: the sweep's recovery decides.
 
     In a worker's process SIGTERM/SIGUSR1 (a spot notice, the pool shutting down) is a preemption
-    notice: the step in progress ends, a checkpoint is written and ``Preempted`` raised. On a site's
-    SSH hosts a GPU trial first takes its GPUs (``orchestration.gpu_lease``; it waits while they are busy).
+    notice: the step in progress ends, a checkpoint is written and ``Preempted`` raised. A GPU trial first
+    takes its GPUs at the site (``orchestration.gpu_lease``: on SSH hosts, or a share of a site without
+    hosts; it waits while they are busy).
     """
     with preemption_trap(spec.checkpoint.preemption_grace_s) as notice, \
             hold_gpus(ws.load_sites().get(site), spec) as gpus:

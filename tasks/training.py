@@ -21,8 +21,9 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
 
     In this process, SIGTERM/SIGUSR1 (a pool shutting the worker down, a spot notice) is a
     preemption notice: the step in progress ends, a checkpoint is written and ``Preempted`` is
-    raised. On an SSH host the job traps them itself; its log lines go to the run log. On a site's
-    SSH hosts a GPU job first takes its GPUs (``orchestration.gpu_lease``; it waits while they are busy).
+    raised. On an SSH host the job traps them itself; its log lines go to the run log. A GPU job first
+    takes its GPUs at the site (``orchestration.gpu_lease``: on SSH hosts, or a share of a site without
+    hosts; it waits while they are busy).
     """
     with preemption_trap(spec.checkpoint.preemption_grace_s) as notice, \
             hold_gpus(ws.load_sites().get(site), spec) as gpus:

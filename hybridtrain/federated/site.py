@@ -176,9 +176,9 @@ def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int,
     reads the approved part from the site's store and the global model from the round store, and
     writes the update there; this process checks the route first and then gets back only the
     host's report, whose crossings go to the audit log here as in-process ones do. With
-    ``hold_gpus`` the round first takes its GPUs (a GPU job on hosts that declare theirs: waiting
-    while another job holds them) and trains on the host they are on, seeing only them; without
-    it, or when it holds none, on the first host.
+    ``hold_gpus`` the round first takes its GPUs, waiting while other jobs hold them: on hosts that
+    declare theirs it trains on the host they are on, seeing only them (without it, or when it holds
+    none, on the first host); at a site without hosts it holds its share of the site's GPUs.
 
     With secure aggregation (``secure``: the attempt, its participants, their rows and public keys)
     the site keeps its new weights to itself (``site_private``; an SSH host writes them there instead
@@ -196,8 +196,9 @@ def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int,
         if ssh is not None:
             return _train_round_on_host(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, ssh,
                                         started, hold_gpus=hold_gpus)
-        return _send_round(ws, spec, site, run_key, rnd, aggregation_site, started,
-                           _train_here(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site), None)
+        with _held(hold_gpus):
+            trained = _train_here(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site)
+        return _send_round(ws, spec, site, run_key, rnd, aggregation_site, started, trained, None)
     rs = round_store(ws, spec, run_key, aggregation_site)
     if rs.attempt_closed(rnd, secure.attempt):
         raise secagg.AttemptClosed(site, rnd, secure.attempt)
@@ -219,10 +220,16 @@ def train_round(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int,
         trained = _Trained(kept[0], hosted.rows, hosted.metrics, hosted.epsilon, hosted.transfers,
                            host=hosted.host, job_id=hosted.job_id)
     else:
-        trained = _train_here(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site)
+        with _held(hold_gpus):
+            trained = _train_here(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site)
         private.keep_update(rnd, trained.state, trained.rows, trained.metrics, trained.epsilon)
     return _send_round(ws, spec, site, run_key, rnd, aggregation_site, started, trained,
                        (secure, private.private_key()))
+
+
+def _held(hold_gpus: HoldGpus | None) -> AbstractContextManager[Mapping[str, Sequence[int]] | None]:
+    """The GPUs a round trains on, held while the block runs (None: it holds none, or none by host)."""
+    return hold_gpus() if hold_gpus is not None else nullcontext(None)
 
 
 @dataclass
@@ -319,7 +326,7 @@ def _train_round_on_host(ws: Workspace, spec: JobSpec, site: str, run_key: str, 
 
     sites = ws.load_sites()
     s = sites.get(site)
-    with (hold_gpus() if hold_gpus is not None else nullcontext(None)) as gpus:
+    with _held(hold_gpus) as gpus:
         host = held_hosts(s, gpus)[0] if gpus else s.hosts[0]
         report, label = ssh_train_round(ws, spec, s, sites.get(aggregation_site), host, ssh.private_key,
                                         ssh.known_hosts, run_key, rnd, approved, featurizer,

@@ -167,3 +167,53 @@ def test_a_dead_holders_gpus_are_freed_for_a_waiting_job_and_a_live_holders_neve
         return "took a live holder's GPUs"
 
     assert "0 free host(s) with >= 1 GPUs" in beside_a_live_holder()
+
+
+def test_a_site_without_hosts_lends_its_gpu_count_in_gpus_and_a_waiting_job_starts_when_enough_free(prefect_server,
+                                                                                                    lease):
+    """Such a site's runs train in the worker's process: the pool's run limit counts runs, the lease counts GPUs."""
+    from prefect import flow
+
+    pool = site("lease-pool-4", kind="onprem", gpus=4)  # no SSH hosts
+    cpu = job(1).model_copy(update={"resources": job(1).resources.model_copy(update={"gpus": 0, "gpu_type": None})})
+    assert not pool.hosts and lease.needs_site_gpus(pool, job(1)) and not lease.needs_site_gpus(pool, cpu)
+    holding, done = threading.Event(), threading.Event()
+    got: dict = {}
+
+    @flow
+    def two_jobs() -> None:
+        with ExitStack() as held:
+            got["a"] = lease.acquire_gpus(held, pool, job(2))
+            got["b"] = lease.acquire_gpus(held, pool, job(1))
+            holding.set()
+            done.wait(60)
+
+    @flow
+    def another(gpus: int, nodes: int, wait_s: float) -> str:
+        try:
+            with ExitStack() as held:
+                lease.acquire_gpus(held, pool, job(gpus, nodes), wait_s=wait_s)
+                return f"held with {lease.site_gpus_free(pool)[0]} free"
+        except NoFeasiblePlacement as exc:
+            return str(exc)
+
+    first = threading.Thread(target=two_jobs)
+    first.start()
+    try:
+        assert holding.wait(60)
+        assert got == {"a": None, "b": None} and lease.site_gpus_free(pool) == (1, 4)
+        assert "site lease-pool-4 has 1 of 4 GPUs free; the job needs 2 (waited 1 s)" in another(2, 1, 1.0)
+        assert another(1, 1, 1.0) == "held with 0 free"  # one GPU was free: it fits beside them
+        second = threading.Thread(target=lambda: got.setdefault("waited", another(2, 1, 60.0)))
+        second.start()
+        second.join(3)
+        assert second.is_alive() and "waited" not in got  # 1 free, 2 needed: it waits
+    finally:
+        done.set()
+        first.join(60)
+    second.join(60)
+    assert got["waited"] == "held with 2 free"  # it started once the first two gave theirs back
+    assert lease.site_gpus_free(pool) == (4, 4)
+    never = another(2, 3, 3600.0)  # 3 nodes × 2 GPUs: more than the site has, so at once, not after the wait
+    assert "site lease-pool-4 has 4 GPUs (gpu_count); the job needs 6" in never and "waited" not in never
+    assert lease.site_gpus_free(pool.model_copy(update={"gpu_count": 6})) == (6, 6)  # sites.yaml grew the site
