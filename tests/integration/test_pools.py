@@ -84,6 +84,15 @@ def test_preprocess_on_prem_train_in_the_cloud(pools):
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="cloud-eu/").get("Contents", [])]
     assert any("/dvc/files/md5/" in k for k in keys), "approved data not in the cloud store"
     assert any("/objects/checkpoints/churn/" in k for k in keys), "no checkpoints in the cloud store"
+    # The cloud worker's training held one of cloud-eu's GPUs (a site without SSH hosts lends its gpu_count)
+    # and gave it back.
+    from prefect.client.orchestration import get_client
+
+    from orchestration.gpu_lease import site_limit_name
+
+    with get_client(sync_client=True) as client:
+        gpus = client.read_global_concurrency_limit_by_name(site_limit_name("cloud-eu"))
+    assert gpus.limit == pools["ws"].load_sites().get("cloud-eu").gpu_count and gpus.active_slots == 0
 
 
 def _endpoint(pools) -> str:
