@@ -8,15 +8,17 @@ that many free GPUs each, the lowest indices on each — renews the lease while 
 the GPUs when it ends. The job sees only its GPUs (``CUDA_VISIBLE_DEVICES`` on each host). So two
 jobs at one site never share a GPU, and a multi-node job never lands on GPUs another job holds.
 
-A site without SSH hosts (its runs train in the pool worker's process, or on cloud instances
-started for them) is one limit, ``gpus-<site>``, of ``gpu_count`` slots; a GPU job there takes
-``nodes × gpus`` of them. So the jobs training at such a site at once never need more GPUs than it
-has, whatever their sizes — the pool's run limit counts runs, not GPUs. Which devices a job sees
-there is up to its process (the trainer takes the first visible GPU).
+Every site is also one limit, ``gpus-<site>``, of ``gpu_count`` slots (what the site gives this
+platform at once), and a GPU job's training takes ``nodes × gpus`` of them with its GPUs, all or
+none. So the jobs training at a site at once never need more GPUs than it gives, whatever their
+sizes — the pool's run limit counts runs, not GPUs — even where its hosts declare more. At a site
+without SSH hosts (its runs train in the pool worker's process, or on cloud instances started for
+them) that share is the whole lease; which devices a job sees there is up to its process (the
+trainer takes the first visible GPU).
 
 When too few are free, the training waits, logging what it waits for, up to ``GPU_WAIT_S``; then
 it fails naming the site and the counts. A job no amount of waiting can fit (too few hosts with
-that many GPUs, more GPUs than the site has) fails at once. A CPU job (``resources.gpus: 0``),
+that many GPUs, more GPUs than ``gpu_count``) fails at once. A CPU job (``resources.gpus: 0``),
 a site whose hosts declare no GPUs (``hosts[].gpus``, default 0: as before, on the first hosts,
 seeing every GPU) and a multi-node job on cloud instances at a site that also lists hosts take no lease.
 
@@ -146,7 +148,7 @@ def _forget(name: str) -> None:
 
 
 def site_limit_name(site: str) -> str:
-    """The global concurrency limit of all the GPUs of a site without SSH hosts (its ``gpu_count`` slots)."""
+    """The global concurrency limit of a site's ``gpu_count`` GPUs (one slot each)."""
     return f"gpus-{_slug(site)}"
 
 
@@ -157,7 +159,7 @@ def needs_site_gpus(site: Site, spec: JobSpec) -> bool:
 
 
 def site_gpus_free(site: Site) -> tuple[int, int]:
-    """(free, total) GPUs of a site without SSH hosts; creates its limit, or resizes it to ``gpu_count``."""
+    """(free, total) of the site's ``gpu_count`` GPUs; creates its limit, or resizes it to ``gpu_count``."""
     name = site_limit_name(site.name)
     with get_client(sync_client=True) as client:
         try:
@@ -175,57 +177,54 @@ def site_gpus_free(site: Site) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class _Take:
-    """What one request takes: these limits, ``slots`` of each; ``gpus`` for the caller, ``what`` for logs."""
+    """What one training takes: per request, these limits and ``slots`` of each (all or none);
+    ``gpus`` for the caller, ``what`` for logs."""
 
-    names: list[str]
-    slots: int
+    requests: list[tuple[list[str], int]]
     gpus: Gpus | None
     what: str
 
 
-def _on_hosts(site: Site, spec: JobSpec) -> Callable[[], _Take]:
-    nodes, per_node = spec.resources.nodes, spec.resources.gpus
+def _site_share(site: Site, need: int) -> tuple[list[str], int]:
+    """``need`` of the site's ``gpu_count`` slots, or NoFeasiblePlacement naming the counts when fewer are free."""
+    free, total = site_gpus_free(site)
+    if free < need:
+        raise NoFeasiblePlacement("", {site.name: f"site {site.name} has {free} of {total} GPUs free; "
+                                                  f"the job needs {need}"})
+    return [site_limit_name(site.name)], need
+
+
+def _chooser(site: Site, spec: JobSpec) -> Callable[[], _Take]:
+    """What a training of ``spec`` takes at ``site`` now: its share of ``gpu_count`` and, on SSH hosts, the GPUs."""
+    nodes, per_node, need = spec.resources.nodes, spec.resources.gpus, spec.resources.total_gpus
 
     def choose() -> _Take:
+        share = _site_share(site, need)
+        if not site.hosts:
+            return _Take([share], None, f"{need} of its {site.gpu_count} GPUs")
         gpus = pick_gpus(site, nodes, per_node, free_gpus(site), job=spec.name)
         shown = "; ".join(f"{k}: {','.join(map(str, v))}" for k, v in gpus.items())
-        return _Take([gpu_limit_name(site.name, key, i) for key, indices in gpus.items() for i in indices], 1, gpus,
-                     f"GPUs {shown}")
-    return choose
-
-
-def _of_site(site: Site, spec: JobSpec) -> Callable[[], _Take]:
-    need = spec.resources.total_gpus
-
-    def choose() -> _Take:
-        free, total = site_gpus_free(site)
-        if free < need:
-            raise NoFeasiblePlacement(spec.name, {site.name: f"site {site.name} has {free} of {total} GPUs free; "
-                                                             f"the job needs {need}"})
-        return _Take([site_limit_name(site.name)], need, None, f"{need} of its {total} GPUs")
+        return _Take([([gpu_limit_name(site.name, key, i) for key, indices in gpus.items() for i in indices], 1),
+                      share], gpus, f"GPUs {shown} ({need} of its {site.gpu_count})")
     return choose
 
 
 def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | None = None) -> Gpus | None:
     """Take the GPUs ``spec`` trains on at ``site`` (see the module docstring), released when ``held`` closes:
-    on SSH hosts the GPUs it returns (``host_key`` → indices); at a site without hosts ``nodes × gpus`` of its
-    ``gpu_count`` (returns None: the job sees what its process sees).
+    ``nodes × gpus`` of its ``gpu_count`` and, on SSH hosts, the GPUs it returns (``host_key`` → indices);
+    None at a site without hosts (the job sees what its process sees).
 
     Raises ``NoFeasiblePlacement`` naming the site and the counts when the site can never hold the
     job, or when not enough GPUs were free within ``wait_s`` (default ``GPU_WAIT_S``).
     """
-    nodes, per_node = spec.resources.nodes, spec.resources.gpus
-    if site.hosts:
-        never = host_shortfall(site, nodes, per_node)
-        choose = _on_hosts(site, spec)
-    else:
-        total = spec.resources.total_gpus
-        never = (None if total <= site.gpu_count else
-                 f"site {site.name} has {site.gpu_count} GPUs (gpu_count); the job needs {total}")
-        choose = _of_site(site, spec)
+    nodes, per_node, need = spec.resources.nodes, spec.resources.gpus, spec.resources.total_gpus
+    never = host_shortfall(site, nodes, per_node) if site.hosts else None
+    if never is None and need > site.gpu_count:
+        never = f"site {site.name} has {site.gpu_count} GPUs (gpu_count); the job needs {need}"
     if never is not None:
         raise NoFeasiblePlacement(spec.name, {site.name: never},
                                   hint="lower resources.gpus or resources.nodes, or place the job elsewhere")
+    choose = _chooser(site, spec)
     log = get_run_logger()
     wait = GPU_WAIT_S if wait_s is None else wait_s
     deadline = time.monotonic() + wait
@@ -250,16 +249,23 @@ def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | 
                 said = why
             time.sleep(GPU_POLL_S)
             continue
+        granted = []
         try:
-            granted = acquire_concurrency_slots_with_lease(take.names, take.slots, lease_duration=LEASE_S, strict=True,
-                                                           timeout_seconds=GPU_POLL_S)
-        except TimeoutError as exc:  # another training took some of them first: look again, within the wait
-            if time.monotonic() >= deadline:
+            for names, slots in take.requests:
+                granted.append(acquire_concurrency_slots_with_lease(names, slots, lease_duration=LEASE_S, strict=True,
+                                                                    timeout_seconds=GPU_POLL_S).lease_id)
+        except BaseException as exc:  # all or none: give back what was taken
+            for lease_id in granted:
+                release_lease(lease_id)
+            if not isinstance(exc, TimeoutError):
+                raise
+            if time.monotonic() >= deadline:  # another training took some first: look again, within the wait
                 raise give_up(f"{take.what} looked free but could not be taken") from exc
             continue
-        held.callback(release_lease, granted.lease_id)
-        held.enter_context(maintain_concurrency_lease(granted.lease_id, LEASE_S, raise_on_lease_renewal_failure=True))
-        held.callback(_forget, _record(granted.lease_id, site.name, spec.name, take.what))
+        for lease_id in granted:
+            held.callback(release_lease, lease_id)
+            held.enter_context(maintain_concurrency_lease(lease_id, LEASE_S, raise_on_lease_renewal_failure=True))
+            held.callback(_forget, _record(lease_id, site.name, spec.name, take.what))
         log.info("holding %s at site %s", take.what, site.name)
         return take.gpus
 

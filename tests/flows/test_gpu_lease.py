@@ -69,7 +69,7 @@ def test_jobs_at_one_site_get_gpus_no_other_job_holds_and_give_them_back(prefect
 
     out = jobs()
     assert out["first"] == {A: (0, 1)} and out["second"] == {B: (0,)} and out["third"] == {B: (1,)}
-    assert "site lease-dc-share has 0 free host(s) with >= 1 GPUs (2 hosts, 2 busy, 0 with fewer GPUs)" in out["full"]
+    assert "site lease-dc-share has 0 of 4 GPUs free; the job needs 1" in out["full"]
     assert "waited 1 s" in out["full"]
     assert out["freed"] == {A: [], B: [0, 1]}  # the two 1-GPU jobs gave theirs back when they ended
     assert "has 0 SSH host(s) with >= 4 GPUs" in out["never"]  # at once: no wait frees a 4-GPU host
@@ -217,3 +217,36 @@ def test_a_site_without_hosts_lends_its_gpu_count_in_gpus_and_a_waiting_job_star
     never = another(2, 3, 3600.0)  # 3 nodes × 2 GPUs: more than the site has, so at once, not after the wait
     assert "site lease-pool-4 has 4 GPUs (gpu_count); the job needs 6" in never and "waited" not in never
     assert lease.site_gpus_free(pool.model_copy(update={"gpu_count": 6})) == (6, 6)  # sites.yaml grew the site
+
+
+def test_a_site_never_lends_more_gpus_than_its_gpu_count_even_where_its_hosts_declare_more(prefect_server, lease):
+    """gpu_count is what the site gives this platform at once: the hosts' 4 GPUs, but 2 of them at a time; with a
+    larger gpu_count the hosts' free GPUs are what a job waits for."""
+    from prefect import flow
+
+    capped = dc("lease-dc-cap", HOST_A, HOST_B).model_copy(update={"gpu_count": 2})
+    roomy = dc("lease-dc-roomy", HOST_A, HOST_B).model_copy(update={"gpu_count": 8})
+
+    @flow
+    def fill(sdc, sizes: list[int]) -> dict:
+        out = {}
+        with ExitStack() as held:
+            out["held"] = [lease.acquire_gpus(held, sdc, job(n)) for n in sizes]
+            out["share"] = lease.site_gpus_free(sdc)
+            try:
+                lease.acquire_gpus(ExitStack(), sdc, job(1), wait_s=1.0)
+            except NoFeasiblePlacement as exc:
+                out["full"] = str(exc)
+        out["after"] = lease.site_gpus_free(sdc), lease.free_gpus(sdc)
+        return out
+
+    out = fill(capped, [1, 1])
+    assert out["held"] == [{A: (0,)}, {A: (1,)}] and out["share"] == (0, 2)
+    assert "site lease-dc-cap has 0 of 2 GPUs free; the job needs 1 (waited 1 s)" in out["full"]  # B's GPUs idle
+    assert out["after"] == ((2, 2), {A: [0, 1], B: [0, 1]})
+    out = fill(roomy, [2, 2])
+    assert out["share"] == (4, 8)
+    assert "0 free host(s) with >= 1 GPUs (2 hosts, 2 busy, 0 with fewer GPUs)" in out["full"]
+    assert out["after"] == ((8, 8), {A: [0, 1], B: [0, 1]})
+    with pytest.raises(NoFeasiblePlacement, match="has 2 GPUs \\(gpu_count\\); the job needs 4"):
+        flow(lambda: lease.acquire_gpus(ExitStack(), capped, job(2, nodes=2)))()  # at once: the hosts could
