@@ -71,10 +71,25 @@ def stage_runs(summary) -> dict[str, str]:
     return out
 
 
+def cloud_gpus_held() -> int:
+    """Slots of cloud-eu's ``gpu_count`` limit held now (by any test's run on this server)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    from orchestration.gpu_lease import site_limit_name
+
+    with get_client(sync_client=True) as client:
+        try:
+            return client.read_global_concurrency_limit_by_name(site_limit_name("cloud-eu")).active_slots
+        except ObjectNotFound:
+            return 0
+
+
 def test_preprocess_on_prem_train_in_the_cloud(pools):
     from flows.lifecycle import lifecycle
 
     spec = pools["write"]("to-cloud", placement__site="cloud-eu")
+    held_before = cloud_gpus_held()
     summary = lifecycle(spec_path=str(spec), workspace=str(pools["ws"].root), dispatch="pools")
     assert stage_runs(summary) == {"prepare-data": "onprem", "sync-data": "onprem", "train-stage": "cloud"}
     assert summary.sync_route == "onprem-dc1->cloud-eu" and summary.bytes_synced > 0
@@ -85,14 +100,21 @@ def test_preprocess_on_prem_train_in_the_cloud(pools):
     assert any("/dvc/files/md5/" in k for k in keys), "approved data not in the cloud store"
     assert any("/objects/checkpoints/churn/" in k for k in keys), "no checkpoints in the cloud store"
     # The cloud worker's training held one of cloud-eu's GPUs (a site without SSH hosts lends its gpu_count)
-    # and gave it back.
+    # and gave it back: its holder record is gone and no more slots are held than before it.
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    from orchestration.gpu_lease import site_limit_name
+    from orchestration.gpu_lease import _holders
 
     with get_client(sync_client=True) as client:
-        gpus = client.read_global_concurrency_limit_by_name(site_limit_name("cloud-eu"))
-    assert gpus.limit == pools["ws"].load_sites().get("cloud-eu").gpu_count and gpus.active_slots == 0
+        train = next(fr for fr in client.read_flow_runs() if fr.parameters.get("run_id") == summary.mlflow_run_id
+                     and client.read_flow(fr.flow_id).name == "train-stage")
+        logs = [log.message for log in client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[train.id])), limit=200)]
+    gpu_count = pools["ws"].load_sites().get("cloud-eu").gpu_count
+    assert f"holding 1 of its {gpu_count} GPUs at site cloud-eu" in logs
+    assert not [r for _, r in _holders() if r.get("flow_run") == str(train.id)]
+    assert cloud_gpus_held() <= held_before, _holders()
 
 
 def _endpoint(pools) -> str:
