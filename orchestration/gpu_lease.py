@@ -18,9 +18,9 @@ trainer takes the first visible GPU).
 
 When too few are free, the training waits, logging what it waits for, up to ``GPU_WAIT_S``; then
 it fails naming the site and the counts. A job no amount of waiting can fit (too few hosts with
-that many GPUs, more GPUs than ``gpu_count``) fails at once. A CPU job (``resources.gpus: 0``),
-a site whose hosts declare no GPUs (``hosts[].gpus``, default 0: as before, on the first hosts,
-seeing every GPU) and a multi-node job on cloud instances at a site that also lists hosts take no lease.
+that many GPUs, more GPUs than ``gpu_count``) fails at once. A CPU job (``resources.gpus: 0``)
+and a site whose hosts declare no GPUs (``hosts[].gpus``, default 0: as before, on the first hosts,
+seeing every GPU) take no lease.
 
 A holder that dies keeps its GPUs until its lease expires (``LEASE_S`` after its last renewal),
 when the served stack's repossessor frees them. A server without that service (the embedded
@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -74,9 +74,11 @@ def gpu_limit_name(site: str, key: str, index: int) -> str:
 
 
 def needs_gpus(site: Site, spec: JobSpec) -> bool:
-    """Whether training ``spec`` at ``site`` takes a GPU lease: a GPU job on SSH hosts that declare their GPUs."""
-    cloud_nodes = spec.resources.nodes > 1 and site.instances is not None
-    return spec.resources.gpus >= 1 and any(h.gpus > 0 for h in site.hosts) and not cloud_nodes
+    """Whether training ``spec`` at ``site`` takes a GPU lease: a GPU job on SSH hosts that declare their GPUs, or
+    at a site without SSH hosts (its share of ``gpu_count``; a site with ``instances:`` lists no hosts)."""
+    if spec.resources.gpus < 1:
+        return False
+    return any(h.gpus > 0 for h in site.hosts) if site.hosts else site.gpu_count > 0
 
 
 def free_gpus(site: Site) -> dict[str, list[int]]:
@@ -152,12 +154,6 @@ def site_limit_name(site: str) -> str:
     return f"gpus-{_slug(site)}"
 
 
-def needs_site_gpus(site: Site, spec: JobSpec) -> bool:
-    """Whether training ``spec`` at ``site`` takes ``nodes × gpus`` of the site's GPU count: a GPU job at a site that
-    lists no SSH hosts (it trains in the worker's process, or on cloud instances started for it)."""
-    return spec.resources.gpus >= 1 and not site.hosts and site.gpu_count > 0
-
-
 def site_gpus_free(site: Site) -> tuple[int, int]:
     """(free, total) of the site's ``gpu_count`` GPUs; creates its limit, or resizes it to ``gpu_count``."""
     name = site_limit_name(site.name)
@@ -194,19 +190,17 @@ def _site_share(site: Site, need: int) -> tuple[list[str], int]:
     return [site_limit_name(site.name)], need
 
 
-def _chooser(site: Site, spec: JobSpec) -> Callable[[], _Take]:
-    """What a training of ``spec`` takes at ``site`` now: its share of ``gpu_count`` and, on SSH hosts, the GPUs."""
-    nodes, per_node, need = spec.resources.nodes, spec.resources.gpus, spec.resources.total_gpus
-
-    def choose() -> _Take:
-        share = _site_share(site, need)
-        if not site.hosts:
-            return _Take([share], None, f"{need} of its {site.gpu_count} GPUs")
-        gpus = pick_gpus(site, nodes, per_node, free_gpus(site), job=spec.name)
-        shown = "; ".join(f"{k}: {','.join(map(str, v))}" for k, v in gpus.items())
-        return _Take([([gpu_limit_name(site.name, key, i) for key, indices in gpus.items() for i in indices], 1),
-                      share], gpus, f"GPUs {shown} ({need} of its {site.gpu_count})")
-    return choose
+def _choose(site: Site, spec: JobSpec) -> _Take:
+    """What a training of ``spec`` takes at ``site`` now: its share of ``gpu_count`` and, on SSH hosts, the GPUs;
+    NoFeasiblePlacement naming the counts when too few are free."""
+    need = spec.resources.total_gpus
+    share = _site_share(site, need)
+    if not site.hosts:
+        return _Take([share], None, f"{need} of its {site.gpu_count} GPUs")
+    gpus = pick_gpus(site, spec.resources.nodes, spec.resources.gpus, free_gpus(site), job=spec.name)
+    shown = "; ".join(f"{k}: {','.join(map(str, v))}" for k, v in gpus.items())
+    return _Take([([gpu_limit_name(site.name, key, i) for key, indices in gpus.items() for i in indices], 1), share],
+                 gpus, f"GPUs {shown} ({need} of its {site.gpu_count})")
 
 
 def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | None = None) -> Gpus | None:
@@ -224,7 +218,6 @@ def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | 
     if never is not None:
         raise NoFeasiblePlacement(spec.name, {site.name: never},
                                   hint="lower resources.gpus or resources.nodes, or place the job elsewhere")
-    choose = _chooser(site, spec)
     log = get_run_logger()
     wait = GPU_WAIT_S if wait_s is None else wait_s
     deadline = time.monotonic() + wait
@@ -237,7 +230,7 @@ def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | 
 
     while True:
         try:
-            take = choose()
+            take = _choose(site, spec)
         except NoFeasiblePlacement as exc:
             why = exc.rejected.get(site.name, str(exc))
             for line in reap_dead_gpu_holders(tried):
@@ -274,7 +267,7 @@ def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | 
 def hold_gpus(site: Site, spec: JobSpec) -> Iterator[Gpus | None]:
     """The GPUs ``spec`` trains on at ``site``, held for the block: the SSH hosts' GPUs it may use, or None (it
     holds a share of a site without hosts, or takes no lease)."""
-    if not (needs_gpus(site, spec) or needs_site_gpus(site, spec)):
+    if not needs_gpus(site, spec):
         yield None
         return
     with ExitStack() as held:

@@ -176,7 +176,7 @@ def test_a_site_without_hosts_lends_its_gpu_count_in_gpus_and_a_waiting_job_star
 
     pool = site("lease-pool-4", kind="onprem", gpus=4)  # no SSH hosts
     cpu = job(1).model_copy(update={"resources": job(1).resources.model_copy(update={"gpus": 0, "gpu_type": None})})
-    assert not pool.hosts and lease.needs_site_gpus(pool, job(1)) and not lease.needs_site_gpus(pool, cpu)
+    assert not pool.hosts and lease.needs_gpus(pool, job(1)) and not lease.needs_gpus(pool, cpu)
     holding, done = threading.Event(), threading.Event()
     got: dict = {}
 
