@@ -314,8 +314,14 @@ class DrillEnv:
         self.launches.append(launch)
         return launch
 
-    def run_to_fault(self, site: Site, run_key: str, name: str, tl: Timeline) -> Launch:
-        """Launch a fresh run at ``site`` and return once it has completed ``fault_step`` steps."""
+    def run_to_fault(self, site: Site, run_key: str, name: str, tl: Timeline,
+                     store: CheckpointStore | None = None) -> Launch:
+        """Launch a fresh run at ``site`` and return once it has completed ``fault_step`` steps.
+
+        With ``store``, also wait until the checkpoint of the last interval boundary the run has passed is
+        complete there: checkpoints are written beside training, so a fault that strikes while that write
+        is still in flight would measure the write's lag, not the fault's loss.
+        """
         first = self.launch(site, run_key, name)
         tl.add(f"training process {name} started at {site.name} (pid {first.proc.pid})", first.started_at)
 
@@ -326,9 +332,16 @@ class DrillEnv:
                        "--steps" if code == 0 else f"it exited with status {code}:\n{first.tail()}")
                 raise DrillFailed(f"process {name} ended before the fault: {why}")
             b = first.beacon()
-            return b if b is not None and b.steps >= self.fault_step else None
+            if b is None or b.steps < self.fault_step:
+                return None
+            if store is not None:
+                boundary = b.steps // self.interval * self.interval
+                if not any(c.step == boundary for c in store.list()):
+                    return None
+            return b
 
-        beacon = wait_until(reached, f"process {name} to reach step {self.fault_step}")
+        what = f"step {self.fault_step}" + (" and its newest checkpoint stored" if store is not None else "")
+        beacon = wait_until(reached, f"process {name} to reach {what}")
         tl.add(f"interrupted run: first step completed (pid {first.proc.pid})", beacon.first_step_at)
         tl.add(f"interrupted run: step {beacon.steps} completed", beacon.last_step_at)
         return first

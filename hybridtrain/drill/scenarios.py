@@ -66,7 +66,7 @@ def kill_9(env: DrillEnv, res: ScenarioResult, tl: Timeline) -> None:
     run_key = env.run_key("kill-9")
     store = env.store(site, run_key)
     res.site = site.name
-    first = env.run_to_fault(site, run_key, "kill-9", tl)
+    first = env.run_to_fault(site, run_key, "kill-9", tl, store)
     tl.fault("SIGKILL sent to the training process")
     os.kill(first.proc.pid, signal.SIGKILL)
     first.wait()
@@ -135,7 +135,7 @@ def corrupt_checkpoint(env: DrillEnv, res: ScenarioResult, tl: Timeline) -> None
     run_key = env.run_key("corrupt-checkpoint")
     store = env.store(site, run_key)
     res.site = site.name
-    first = env.run_to_fault(site, run_key, "corrupt-checkpoint", tl)
+    first = env.run_to_fault(site, run_key, "corrupt-checkpoint", tl, store)
     tl.fault("SIGKILL sent to the training process")
     os.kill(first.proc.pid, signal.SIGKILL)
     first.wait()
