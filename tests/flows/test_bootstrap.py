@@ -15,7 +15,7 @@ def forget_pools_and_site_blocks(ws: Workspace) -> None:
     """Start from a server that has never been bootstrapped: the session's Prefect server is shared by the
     test files of one worker, and others bootstrap it (with credentials) before this file may run."""
     from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
+    from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
     from blocks.site import SiteBlock
     from deployments.bootstrap import CONTROL_POOL
@@ -27,7 +27,13 @@ def forget_pools_and_site_blocks(ws: Workspace) -> None:
                 client.delete_work_pool(pool)
             except ObjectNotFound:
                 pass
-        for doc in client.read_block_documents_by_type(SiteBlock.get_block_type_slug()):
+        try:
+            docs = client.read_block_documents_by_type(SiteBlock.get_block_type_slug())
+        except PrefectHTTPStatusError as exc:  # a fresh server: the block type is not registered yet
+            if exc.response.status_code != 404:
+                raise
+            docs = []
+        for doc in docs:
             client.delete_block_document(doc.id)
 
 
