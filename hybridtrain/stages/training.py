@@ -1,7 +1,8 @@
-"""Training stage: fit at the placed site (inline, on SSH hosts, or on cloud instances it starts) from its newest checkpoint, and move checkpoints between sites."""
+"""Training stage: fit at the placed site (on the worker's machine, on SSH hosts, or on cloud instances it starts) from its newest checkpoint, and move checkpoints between sites."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
@@ -50,7 +51,8 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     first SSH host — or, with ``resources.nodes: N``, on N of its hosts together
     (``multinode_training.ssh_train_nodes``) — under torchrun (``remote_training.ssh_train``, job id ``<job>-<run_key>``,
     so a retry re-attaches to a job still running there), its log lines going to ``on_line``;
-    without it, in this process. A job of N nodes at a cloud site with ``instances:`` first
+    without it, on this machine (``_train_on_this_machine``: in this process, or with ``resources.gpus``
+    above 1 in one process per GPU under torchrun). A job of N nodes at a cloud site with ``instances:`` first
     terminates what an earlier attempt of the same job id left running, starts N instances
     (``remote.cloud_instances.provision``, pinned by the image's host key), trains on them the same
     way and terminates them whatever happens; their ids go to the MLflow tag ``cloud.instances``
@@ -68,9 +70,6 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     (``orchestration.gpu_lease``): the job trains on those hosts and sees only those GPUs
     (``CUDA_VISIBLE_DEVICES``); without them, on the first hosts, seeing every GPU.
     """
-    from hybridtrain.training.checkpoint import CheckpointStore  # lazy: heavy (torch)
-    from hybridtrain.training.trainer import Trainer  # lazy: heavy (torch, scipy)
-
     started = time.perf_counter()
     sites = ws.load_sites()
     s = sites.get(site)
@@ -102,28 +101,35 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
             f"{spec.resources.nodes} nodes runs on several machines: add hosts to sites.{site}.hosts (on-prem), "
             f"an instances: block to sites.{site} (cloud), or set resources.nodes: 1")])
     instance_ids: list[str] = []
+    job_id = re.sub(r"[^A-Za-z0-9._-]", "-", f"{spec.name}-{run_key}")[:128]
+    streamed: dict[int, set[str]] = {}
+
+    def host_line(line: str) -> None:
+        # A line of a job in other processes (an SSH host's, or torchrun's here): epoch lines feed MLflow.
+        epoch_line = shown.host_line(line)
+        if epoch_line is None:
+            (on_line or (lambda text: log.info("[%s] %s", job_id, text)))(line)
+            return
+        epoch, metrics = epoch_line
+        on_epoch(epoch, metrics)
+        streamed.setdefault(epoch, set()).update(metrics)
+
+    def log_rest(result: Any) -> None:
+        for h in result.history:  # what the job's lines did not carry
+            epoch = int(h["epoch"])
+            rest = {k: v for k, v in h.items() if k not in ("epoch", "global_step") and k not in streamed.get(epoch, ())}
+            if rest:
+                registry.log_metrics(run_id, rest, step=epoch)
+
     if ssh is not None:
         from hybridtrain.remote.remote_training import ssh_train  # lazy: heavy (torch, paramiko)
 
         if not s.hosts and not cloud_nodes:
             raise SpecError("sites catalog", [Problem(f"sites.{site}.hosts", "SSH credentials were given but the "
                                                                               "site lists no hosts to train on")])
-        job_id = re.sub(r"[^A-Za-z0-9._-]", "-", f"{spec.name}-{run_key}")[:128]
-        from hybridtrain.remote.ssh_site import Timeouts  # lazy: heavy (paramiko)
-
-        streamed: dict[int, set[str]] = {}
-
-        def host_line(line: str) -> None:
-            epoch_line = shown.host_line(line)
-            if epoch_line is None:
-                (on_line or (lambda text: log.info("[%s] %s", job_id, text)))(line)
-                return
-            epoch, metrics = epoch_line
-            on_epoch(epoch, metrics)
-            streamed.setdefault(epoch, set()).update(metrics)
-
         from hybridtrain.placement.node_fit import held_hosts, reserve_hosts  # lazy: heavy (paramiko)
         from hybridtrain.remote.multinode_training import ssh_train_nodes  # lazy: heavy (paramiko)
+        from hybridtrain.remote.ssh_site import Timeouts  # lazy: heavy (paramiko)
 
         def timeouts_of(host: SshHost) -> Timeouts:
             return Timeouts(connect=host.connect_timeout_s, command=host.command_timeout_s, reconnect=host.reconnect_s)
@@ -181,34 +187,11 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
                               host_line, mlflow_run_id=run_id, preemptions_per_hour=preemptions_per_hour,
                               timeouts=timeouts_of(host), devices=gpus)
         result, device = files.train_result(), files.result.device
-        for h in result.history:  # what the host's lines did not carry
-            epoch = int(h["epoch"])
-            rest = {k: v for k, v in h.items() if k not in ("epoch", "global_step") and k not in streamed.get(epoch, ())}
-            if rest:
-                registry.log_metrics(run_id, rest, step=epoch)
+        log_rest(result)
     else:
-        data_dir = dataset_at(ws, sites, approved, site, spec.dataset.site)
-        train_df = partitioned.read(data_dir, ["train"])
-        val_df = partitioned.read(data_dir, ["val"])
-        store = CheckpointStore.for_run(checkpoint_store(ws, s), spec.name, run_key,
-                                        keep_last=spec.checkpoint.keep_last)
-        trainer = Trainer(spec.model, spec.checkpoint, store, spec.data_schema.label,
-                          threads=spec.model.threads or spec.resources.cpus, job=spec.name,
-                          preemptions_per_hour=preemptions_per_hour)
-        shown.rows = len(train_df)
-        shown.start(f"run key {run_key}")
-
-        def epoch_done(epoch: int, metrics: dict[str, float]) -> None:
-            on_epoch(epoch, metrics)
-            shown.epoch(epoch, metrics)
-
-        try:
-            result = trainer.fit(train_df, val_df, on_epoch=epoch_done, should_stop=should_stop,
-                                 on_checkpoint=lambda info: shown.checkpoint(info.step, info.size))
-        except Preempted as exc:
-            exc.site = site
-            raise
-        device = str(trainer.device)
+        result, device = _train_on_this_machine(ws, spec, approved, s, run_id, run_key, job_id, shown, on_epoch,
+                                                host_line, log_rest, should_stop, preemptions_per_hour,
+                                                on_line or (lambda text: log.info("[%s] %s", job_id, text)))
     upload_started = time.perf_counter()
     from hybridtrain.training.record_model import feature_columns
 
@@ -246,6 +229,67 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
         transfers=transfers,
         instances=instance_ids,
     )
+
+
+def _train_on_this_machine(ws: Workspace, spec: JobSpec, approved: DatasetVersion, s: Site, run_id: str,
+                           run_key: str, job_id: str, shown: progress.TrainingProgress,
+                           on_epoch: Callable[[int, dict[str, float]], None], host_line: Callable[[str], None],
+                           log_rest: Callable[[Any], None], should_stop: Callable[[], bool] | None,
+                           preemptions_per_hour: float | None, say: Callable[[str], None]) -> tuple[Any, str]:
+    """Train at a site without SSH hosts, on the worker's machine: (TrainResult, device).
+
+    On a machine with CUDA the job first claims ``resources.gpus`` of its GPUs no other job holds
+    (``training.local_gpus``). One GPU (or none): in this process. Several: one process per GPU
+    under torchrun (``remote.local_training``); on a machine without CUDA, as many CPU processes.
+    """
+    from hybridtrain.training.checkpoint import CheckpointStore  # lazy: heavy (torch)
+    from hybridtrain.training.local_gpus import LocalGpus  # lazy: heavy (torch)
+    from hybridtrain.training.trainer import Trainer  # lazy: heavy (torch, scipy)
+
+    n = max(1, spec.resources.gpus)
+    machine = LocalGpus()
+    claim = (machine.claim(n, job=spec.name, site=s.name, say=say)
+             if machine.count() and spec.resources.gpus >= 1 else contextlib.nullcontext(None))
+    with claim as held:
+        if n > 1:
+            from hybridtrain.remote.local_training import local_train  # lazy: heavy (torch)
+
+            where = f"GPU(s) {','.join(held.names)}" if held is not None else "the CPU (no CUDA here)"
+            shown.start(f"{n} processes under torchrun on this machine, {where}, job {job_id}")
+            files = local_train(ws, spec, approved, s, run_key, job_id, host_line, nproc=n,
+                                devices=held.names if held is not None else None, mlflow_run_id=run_id,
+                                should_stop=should_stop, preemptions_per_hour=preemptions_per_hour)
+            result = files.train_result()
+            log_rest(result)
+            return result, files.result.device
+        sites = ws.load_sites()
+        data_dir = dataset_at(ws, sites, approved, s.name, spec.dataset.site)
+        train_df = partitioned.read(data_dir, ["train"])
+        val_df = partitioned.read(data_dir, ["val"])
+        store = CheckpointStore.for_run(checkpoint_store(ws, s), spec.name, run_key,
+                                        keep_last=spec.checkpoint.keep_last)
+        device = None
+        if held is not None:
+            import torch  # lazy: heavy
+
+            device = torch.device(f"cuda:{held.positions[0]}")
+        trainer = Trainer(spec.model, spec.checkpoint, store, spec.data_schema.label, device=device,
+                          threads=spec.model.threads or spec.resources.cpus, job=spec.name,
+                          preemptions_per_hour=preemptions_per_hour)
+        shown.rows = len(train_df)
+        shown.start(f"run key {run_key}" + (f", GPU {held.names[0]}" if held is not None else ""))
+
+        def epoch_done(epoch: int, metrics: dict[str, float]) -> None:
+            on_epoch(epoch, metrics)
+            shown.epoch(epoch, metrics)
+
+        try:
+            result = trainer.fit(train_df, val_df, on_epoch=epoch_done, should_stop=should_stop,
+                                 on_checkpoint=lambda info: shown.checkpoint(info.step, info.size))
+        except Preempted as exc:
+            exc.site = s.name
+            raise
+        return result, str(trainer.device)
 
 
 def _fleet_sites(ws: Workspace, names: Sequence[str] | None) -> list[Site]:

@@ -88,7 +88,8 @@ def cloud_gpus_held() -> int:
 def test_preprocess_on_prem_train_in_the_cloud(pools):
     from flows.lifecycle import lifecycle
 
-    spec = pools["write"]("to-cloud", placement__site="cloud-eu")
+    # Two GPUs at a site without SSH hosts: two processes under torchrun on the cloud worker's machine.
+    spec = pools["write"]("to-cloud", placement__site="cloud-eu", resources__gpus=2)
     held_before = cloud_gpus_held()
     summary = lifecycle(spec_path=str(spec), workspace=str(pools["ws"].root), dispatch="pools")
     assert stage_runs(summary) == {"prepare-data": "onprem", "sync-data": "onprem", "train-stage": "cloud"}
@@ -112,7 +113,9 @@ def test_preprocess_on_prem_train_in_the_cloud(pools):
         logs = [log.message for log in client.read_logs(
             log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[train.id])), limit=200)]
     gpu_count = pools["ws"].load_sites().get("cloud-eu").gpu_count
-    assert f"holding 1 of its {gpu_count} GPUs at site cloud-eu" in logs
+    assert f"holding 2 of its {gpu_count} GPUs at site cloud-eu" in logs
+    assert any("2 process(es)" in line for line in logs) and any(line.startswith("train epoch 1/") for line in logs)
+    assert summary.training["device"] == "cpu"  # gloo ranks: this machine has no CUDA
     assert not [r for _, r in _holders() if r.get("flow_run") == str(train.id)]
     assert cloud_gpus_held() <= held_before, _holders()
 

@@ -1,0 +1,229 @@
+"""Several GPUs at a site without SSH hosts: torchrun on the worker's machine (gloo here), and which GPUs it holds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from hybridtrain.datasets import partitioned
+from hybridtrain.datasets.dvc_repo import DvcRepo
+from hybridtrain.errors import NoFeasiblePlacement, Preempted, RemoteJobFailed
+from hybridtrain.remote.job_bundle import SECRETS_FILE
+from hybridtrain.remote.local_training import WORKDIR, local_train
+from hybridtrain.specs.sites import CHECKPOINT_SUBDIR, LocalStore, Site
+from hybridtrain.storage import open_store
+from hybridtrain.storage.local import LocalObjectStore
+from hybridtrain.training.checkpoint import CheckpointStore
+from hybridtrain.training.local_gpus import LocalGpus, visible_gpus
+from hybridtrain.training.preemption import PreemptionReport
+from hybridtrain.training.trainer import Trainer
+from hybridtrain.workspace import Workspace
+from tests.fixtures.ssh_job import SPEC
+from tests.fixtures.training_data import churn_frame
+
+pytestmark = pytest.mark.slow  # torchrun and its ranks
+
+#: Two processes, one global batch of 128 split between them; 16 steps an epoch.
+JOB = SPEC.model_copy(update={"resources": SPEC.resources.model_copy(update={"gpus": 2})})
+STEPS = JOB.model.epochs * 16
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A workspace and a site without SSH hosts whose store (a directory) holds the approved data."""
+    root = tmp_path_factory.mktemp("local-env")
+    site = Site(name="cloud-local", kind="cloud", region="eu", jurisdiction="EU", price_per_gpu_hour=2.0,
+                work_pool="cloud", gpu_count=4, store=LocalStore(path=str(root / "store")))
+    ws = Workspace.resolve(root / "ws")
+    repo = DvcRepo.ensure(ws.root, {site.dvc_remote: f"{root / 'store'}/dvc"}, default_remote=site.dvc_remote,
+                          scm=False)
+    frame = pd.concat([churn_frame(2000, 1).assign(split="train"), churn_frame(500, 2).assign(split="val")],
+                      ignore_index=True)
+    frame["partition"] = np.arange(len(frame)) % 2
+    partitioned.write(frame, ws.path("data/approved/churn-ssh"), sort_by="account_id")
+    approved = repo.add("data/approved/churn-ssh", "approved", site.name)
+    repo.push(approved, remote=site.dvc_remote)
+    return ws, site, approved
+
+
+def checkpoints(env, run_key: str) -> CheckpointStore:
+    ws, site, _ = env
+    return CheckpointStore.for_run(open_store(site.store, ws.root, CHECKPOINT_SUBDIR), JOB.name, run_key)
+
+
+@pytest.fixture(scope="module")
+def single(env, tmp_path_factory):
+    """The same job trained by one process on the same rows, same global batch and seed."""
+    data = env[0].path("data/approved/churn-ssh")
+    train, val = partitioned.read(data, ["train"]), partitioned.read(data, ["val"])
+    store = CheckpointStore.for_run(LocalObjectStore(tmp_path_factory.mktemp("single")), JOB.name, "single")
+    return Trainer(JOB.model, JOB.checkpoint, store, JOB.data_schema.label, device="cpu", threads=1,
+                   job=JOB.name).fit(train, val)
+
+
+def run(env, run_key: str, **kw):
+    ws, site, approved = env
+    lines: list[str] = []
+    kw.setdefault("timeout", 240.0)
+    files = local_train(ws, JOB, approved, site, run_key, f"local-{run_key}", lines.append, nproc=2,
+                        mlflow_run_id="r1", poll_interval=0.1, **kw)
+    return files, lines
+
+
+def test_two_processes_on_this_machine_train_like_one_with_the_same_global_batch(env, single):
+    files, lines = run(env, "together")
+    r = files.result
+    assert (r.world_size, r.global_step, r.resumed_from_step) == (2, STEPS, None)
+    assert r.device == "cpu"  # no CUDA here: gloo ranks on the CPU
+    two = files.model().state_dict()
+    for name, tensor in single.model.state_dict().items():
+        torch.testing.assert_close(two[name], tensor, rtol=1e-4, atol=1e-5)
+    assert any("2 process(es)" in line for line in lines) and any("hybridtrain: epoch 4/4" in line for line in lines)
+    # Rank 0 wrote the checkpoints to the site's store, where an in-process run of the run key would look.
+    assert [c.step for c in checkpoints(env, "together").list()][-1] == STEPS
+    job_dir = env[0].state_dir / "jobs" / "local-together"
+    assert not (job_dir / "bundle" / SECRETS_FILE).exists() and not (job_dir / WORKDIR).exists()
+    assert "hybridtrain: done" in (job_dir / "log").read_text()
+
+
+def test_a_preemption_notice_stops_every_rank_after_a_checkpoint_and_the_next_attempt_resumes(env, single):
+    store = checkpoints(env, "notice")
+    notice = threading.Event()
+
+    def stop_once_a_checkpoint_is_stored() -> None:
+        deadline = time.monotonic() + 240
+        while not store.list() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        notice.set()
+
+    threading.Thread(target=stop_once_a_checkpoint_is_stored, daemon=True).start()
+    with pytest.raises(Preempted) as caught:
+        run(env, "notice", should_stop=notice.is_set)
+    assert caught.value.site == "cloud-local" and 0 < caught.value.step < STEPS
+    assert store.list()[-1].step == caught.value.step  # the checkpoint of the step it stopped at
+    files, _ = run(env, "notice")
+    assert files.result.resumed_from_step == caught.value.step and files.result.global_step == STEPS
+    two = files.model().state_dict()
+    for name, tensor in single.model.state_dict().items():
+        torch.testing.assert_close(two[name], tensor, rtol=1e-4, atol=1e-5)
+
+
+def test_a_failing_job_reports_its_own_error_and_leaves_no_secrets(env):
+    ws, site, approved = env
+    missing = approved.model_copy(update={"md5": "f" * 32})  # a version the store does not hold
+    with pytest.raises(RemoteJobFailed) as caught:
+        local_train(ws, JOB, missing, site, "broken", "local-broken", lambda line: None, nproc=2, timeout=240.0)
+    assert caught.value.exit_status not in (0, None)
+    said = str(caught.value).split("Last lines")[0]
+    assert "the worker's machine" in said and "it reported: dataset data/approved/churn-ssh" in said
+    assert "Connection closed by peer" not in said  # the rank that failed first, not the echo of its peer
+    job_dir = ws.state_dir / "jobs" / "local-broken"
+    assert not (job_dir / "bundle" / SECRETS_FILE).exists() and not (job_dir / WORKDIR).exists()
+
+
+def test_the_job_dies_with_the_process_that_started_it(env, tmp_path):
+    """A worker killed with SIGKILL takes its torchrun and ranks with it, as a preemption notice would: nothing
+    trains on without a lease, and the progress so far is in a checkpoint."""
+    ws, site, approved = env
+    script = tmp_path / "starter.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from tests.fixtures.ssh_job import SPEC
+from hybridtrain.remote.local_training import local_train
+from hybridtrain.workspace import Workspace
+from hybridtrain.specs.sites import Site
+from hybridtrain.datasets.dvc_repo import DatasetVersion
+site = Site.model_validate_json({site.model_dump_json()!r})
+approved = DatasetVersion.model_validate_json({approved.model_dump_json()!r})
+# Long epochs that print nothing between them: the job must not learn of its starter's death from a broken pipe.
+slow = SPEC.model_copy(update={{"model": SPEC.model.model_copy(update={{"epochs": 400, "batch_size": 4}}),
+                               "checkpoint": SPEC.checkpoint.model_copy(update={{"interval_steps": 100000}}),
+                               "resources": SPEC.resources.model_copy(update={{"gpus": 2}})}})
+local_train(Workspace.resolve({str(ws.root)!r}), slow, approved, site, "orphan", "local-orphan",
+            lambda line: print(line, flush=True), nproc=2, timeout=600)
+""")
+    starter = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert starter.stdout is not None
+    for line in starter.stdout:  # training under way: the ranks exist
+        if "hybridtrain: epoch 1/400" in line:
+            break
+    bundle = ws.state_dir / "jobs" / "local-orphan" / "bundle"
+
+    def ranks() -> list[int]:
+        out = subprocess.run(["pgrep", "-f", f"hybridtrain.remote.host_training {bundle}"], capture_output=True,
+                             text=True, check=False).stdout.split()
+        return [int(p) for p in out]
+
+    assert len(ranks()) >= 2
+    os.kill(starter.pid, signal.SIGKILL)
+    starter.wait()
+    deadline = time.monotonic() + 60
+    while ranks() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ranks() == []
+    report = PreemptionReport.read(bundle)
+    assert report is not None and report.step > 0 and report.checkpoint  # stopped as on a notice, progress stored
+
+
+# -- which GPUs of this machine a job holds (real flocks, in separate processes) ------------------
+
+
+HOLD = """
+import sys, time
+from hybridtrain.training.preemption import PreemptionReport
+from hybridtrain.training.local_gpus import LocalGpus
+held = LocalGpus(["0", "1", "2", "3"], sys.argv[1]).claim(int(sys.argv[2]), job="other", site="s", wait_s=0)
+print(",".join(held.names), flush=True)
+time.sleep(600)
+"""
+
+
+def hold_in_another_process(lock_dir: Path, n: int) -> tuple[subprocess.Popen, list[str]]:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(lock_dir), str(n)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip().split(",")
+
+
+def test_jobs_on_one_machine_hold_disjoint_gpus_and_a_killed_holders_gpus_come_free(tmp_path):
+    machine = LocalGpus(["0", "1", "2", "3"], tmp_path)
+    other, theirs = hold_in_another_process(tmp_path, 2)
+    try:
+        assert theirs == ["0", "1"]
+        mine = machine.claim(2, job="j", site="s", wait_s=0)
+        assert (mine.names, mine.positions) == (["2", "3"], [2, 3])
+        with pytest.raises(NoFeasiblePlacement, match=r"0 of the 4 GPUs of site s's worker machine free; the job "
+                                                      r"needs 1 \(waited 0 s\)"):
+            machine.claim(1, job="j", site="s", wait_s=0)
+        mine.release()
+        waited: list[str] = []
+        started = time.monotonic()
+        threading.Timer(0.5, lambda: os.kill(other.pid, signal.SIGKILL)).start()
+        got = machine.claim(3, job="j", site="s", wait_s=30, poll_s=0.05, say=waited.append)
+        assert got.names == ["0", "1", "2"] and time.monotonic() - started >= 0.4  # once the holder was gone
+        assert waited == ["waiting for GPUs on this machine: 2 of 4 free; the job needs 3"]
+        got.release()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_job_larger_than_the_machine_is_refused_at_once(tmp_path):
+    with pytest.raises(NoFeasiblePlacement, match="site s trains on its worker's machine, which has 2 GPU"):
+        LocalGpus(["0", "1"], tmp_path).claim(3, job="j", site="s", wait_s=60)
+
+
+def test_gpus_are_named_as_the_workers_cuda_visible_devices_names_them():
+    assert visible_gpus(2, {"CUDA_VISIBLE_DEVICES": "5,7"}) == ["5", "7"]
+    assert visible_gpus(2, {"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb,GPU-cc"}) == ["GPU-aa", "GPU-bb"]
+    assert visible_gpus(3, {}) == ["0", "1", "2"] and visible_gpus(0, {"CUDA_VISIBLE_DEVICES": "1"}) == []
