@@ -322,11 +322,14 @@ def test_sigterm_through_ssh_and_torchrun_is_a_preemption_that_resumes(sshd, ssh
     job_id, run_key = "faults-term", "run-term"
     signalled: list[int] = []
 
+    # The pool's own connection, opened beforehand: on a loaded machine a new SSH handshake can take
+    # longer than the rest of this short run, and the notice must land mid-run.
+    other = SshSite(sshd.host, sshd.private_key, sshd.known_hosts, site="onprem-a", timeouts=FAST_SSH)
+
     def on_line(line: str) -> None:
         # The pool shuts the job down: SIGTERM to its process group (the wrapper and torchrun), over SSH.
         if line.startswith("hybridtrain: epoch 1/") and not signalled:
-            with SshSite(sshd.host, sshd.private_key, sshd.known_hosts, site="onprem-a", timeouts=FAST_SSH) as other:
-                signalled.append(other.run(f"kill -TERM -{other.attach(job_id).pid}")[0])
+            signalled.append(other.run(f"kill -TERM -{other.attach(job_id).pid}")[0])
 
     def train(lines: list[str]):
         return ssh_train(ws, SSH_SPEC, approved, site, sshd.host, sshd.private_key, sshd.known_hosts,
@@ -334,7 +337,7 @@ def test_sigterm_through_ssh_and_torchrun_is_a_preemption_that_resumes(sshd, ssh
                          poll_interval=0.2, timeout=WAIT_S, timeouts=FAST_SSH)
 
     lines: list[str] = []
-    with pytest.raises(Preempted) as err:
+    with other, pytest.raises(Preempted) as err:
         train(lines)
     exc = err.value
     assert signalled == [0]
