@@ -32,11 +32,12 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -88,6 +89,21 @@ class HostResult(BaseModel):
     hostname: str
     hybridtrain_version: str
     torch_version: str
+
+
+#: What a rank reports when another rank failed first: its peer went away mid-collective.
+PEER_LOST = re.compile(r"closed by peer|reset by peer|DistBackendError|NCCL communicator|NCCL error|[Ww]atchdog")
+
+
+def first_error(messages: Mapping[str, str]) -> str:
+    """The job's own error from its ranks' ``error.<rank>.txt`` (file name -> text): a rank's own failure
+    before the lost-peer echoes of it in the others, the lowest rank first; "" when there is none."""
+    found = []
+    for name, text in messages.items():
+        rank = name.split(".")[1] if name.count(".") >= 2 else ""
+        if text.strip():
+            found.append((bool(PEER_LOST.search(text)), int(rank) if rank.isdigit() else 0, text.strip()))
+    return min(found)[2] if found else ""
 
 
 def materialize(bundle: JobBundle, ddp: Distributed | None, say: Callable[[str], None]) -> Path:

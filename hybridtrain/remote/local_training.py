@@ -29,7 +29,6 @@ import contextlib
 import math
 import os
 import queue
-import re
 import shutil
 import signal
 import socket
@@ -51,6 +50,7 @@ from hybridtrain.remote.host_training import (
     RESULT_DIR,
     RESULT_FILE,
     HostResult,
+    first_error,
 )
 from hybridtrain.remote.job_bundle import SECRETS_FILE, JobBundle
 from hybridtrain.remote.remote_training import SETUP_ALLOWANCE_S, SHUTDOWN_MARGIN_S, TrainResultFiles, portable_site
@@ -144,7 +144,7 @@ def local_train(
                 on_line(f"hybridtrain: job {job_id} was preempted at step {preempted.step} (exit status {status}); "
                         f"checkpoint {preempted.checkpoint}")
                 raise preempted.error(site=site.name)
-            reported = first_error(bundle_dir)
+            reported = first_error({p.name: p.read_text(errors="replace") for p in bundle_dir.glob(ERROR_FILES)})
             hint = why or (f"it reported: {reported}" if reported else "")
             raise RemoteJobFailed(job_id, label, status, "\n".join(tail), hint=hint)
         result_dir = bundle_dir / RESULT_DIR
@@ -156,21 +156,6 @@ def local_train(
     finally:
         (bundle_dir / SECRETS_FILE).unlink(missing_ok=True)
         shutil.rmtree(job_dir / WORKDIR, ignore_errors=True)
-
-
-#: What a rank reports when another rank failed first: its peer went away mid-collective.
-PEER_LOST = re.compile(r"closed by peer|reset by peer|DistBackendError|NCCL communicator|NCCL error|[Ww]atchdog")
-
-
-def first_error(bundle_dir: Path) -> str:
-    """The failing ranks' own message (``error.<rank>.txt``): a rank's own failure before the others' lost-peer
-    echoes of it, the lowest rank first."""
-    found = []
-    for path in bundle_dir.glob(ERROR_FILES):
-        text = path.read_text(errors="replace").strip()
-        rank = path.name.split(".")[1]
-        found.append((bool(PEER_LOST.search(text)), int(rank) if rank.isdigit() else 0, text))
-    return min(found)[2] if found else ""
 
 
 def _follow(proc: subprocess.Popen[str], log_file, tail: deque[str], on_line: Callable[[str], None],

@@ -28,10 +28,10 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import math
-import shlex
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +51,7 @@ from hybridtrain.remote.host_training import (
     RESULT_DIR,
     RESULT_FILE,
     HostResult,
+    first_error,
 )
 from hybridtrain.remote.job_bundle import SECRETS_FILE, JobBundle
 from hybridtrain.remote.ssh_site import SshSite, Timeouts
@@ -214,11 +215,11 @@ def ssh_train(
                      f"(exit status {exc.exit_status}); checkpoint {preempted.checkpoint}")
                 raise preempted.error(site=site.name) from None
             # Under torchrun the log ends with the launcher's traceback; the job's own message is in a file.
-            _, reported = remote.run(f"cat {shlex.quote(job.dir)}/bundle/{ERROR_FILES} 2>/dev/null; true")
-            if not reported.strip():
+            reported = first_error(_error_files(remote, job.dir))
+            if not reported:
                 raise
             raise RemoteJobFailed(job_id, remote.label, exc.exit_status, exc.log_tail,
-                                  hint=f"it reported: {reported.strip()}") from None
+                                  hint=f"it reported: {reported}") from None
         except TransientError:
             status = remote.cancel(job)
             _forget_secrets(remote, job.dir)
@@ -241,6 +242,20 @@ def _preemption_report(remote: SshSite, job_dir: str) -> PreemptionReport | None
             return PreemptionReport.model_validate_json(fh.read())
     except FileNotFoundError:
         return None
+
+
+def _error_files(remote: SshSite, job_dir: str) -> dict[str, str]:
+    """The ranks' ``error.<rank>.txt`` in the job's bundle on the host (name -> text)."""
+    sftp, bundle = remote.sftp(), f"{job_dir}/bundle"
+    out = {}
+    try:
+        names = [n for n in sftp.listdir(bundle) if fnmatch.fnmatch(n, ERROR_FILES)]
+        for name in names:
+            with sftp.open(f"{bundle}/{name}", "r") as fh:
+                out[name] = fh.read().decode(errors="replace")
+    except FileNotFoundError:
+        pass
+    return out
 
 
 def _forget_secrets(remote: SshSite, job_dir: str) -> None:
