@@ -18,6 +18,7 @@ without CUDA has nothing to claim (``count() == 0``).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Self
 
-from hybridtrain.errors import NoFeasiblePlacement
+from hybridtrain.errors import NoFeasiblePlacement, Problem, SpecError
 
 LOCK_DIR_ENV = "HYBRIDTRAIN_GPU_LOCK_DIR"
 DEFAULT_LOCK_DIR = "/tmp/hybridtrain-gpu-locks"
@@ -76,14 +77,30 @@ class LocalGpus:
     def count(self) -> int:
         return len(self.gpus)
 
+    def _open(self, name: str) -> IO[bytes]:
+        """The lock file of GPU ``name``, created for every user of the machine (the lock is what matters)."""
+        path = self.lock_dir / f"gpu-{_file_safe(name)}.lock"
+        try:
+            if not self.lock_dir.is_dir():
+                self.lock_dir.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(OSError):
+                    self.lock_dir.chmod(0o1777)  # like /tmp: any worker may add a file, none may remove another's
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, 0o666)
+            return os.fdopen(fd, "r+b")
+        except OSError as exc:
+            raise SpecError("the worker's environment", [Problem(
+                LOCK_DIR_ENV, f"cannot use {path} to claim GPU {name} of this machine ({exc.strerror}): set "
+                              f"{LOCK_DIR_ENV} to a directory every worker on this machine may write")]) from None
+
     def try_claim(self, n: int) -> ClaimedGpus | None:
         """The first ``n`` free GPUs, locked; None (and nothing held) when fewer are free."""
-        self.lock_dir.mkdir(parents=True, exist_ok=True)
         taken = ClaimedGpus([], [])
         for position, name in enumerate(self.gpus):
             if len(taken.names) == n:
                 break
-            fh = open(self.lock_dir / f"gpu-{_file_safe(name)}.lock", "ab")  # noqa: SIM115 - held past this call
+            fh = self._open(name)
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -101,7 +118,7 @@ class LocalGpus:
         """How many of this machine's GPUs other jobs hold now."""
         free = 0
         for name in self.gpus:
-            with open(self.lock_dir / f"gpu-{_file_safe(name)}.lock", "ab") as fh:
+            with self._open(name) as fh:
                 try:
                     fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -119,7 +136,6 @@ class LocalGpus:
                                                   f"{len(self.gpus)} GPU(s); the job needs {n}"},
                                       hint="lower resources.gpus, run the site's worker on a machine with more "
                                            "GPUs, or place the job elsewhere")
-        self.lock_dir.mkdir(parents=True, exist_ok=True)
         wait = float(os.environ.get(WAIT_ENV, DEFAULT_WAIT_S)) if wait_s is None else wait_s
         deadline = time.monotonic() + wait
         said = False

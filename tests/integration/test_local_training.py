@@ -17,7 +17,7 @@ import torch
 
 from hybridtrain.datasets import partitioned
 from hybridtrain.datasets.dvc_repo import DvcRepo
-from hybridtrain.errors import NoFeasiblePlacement, Preempted, RemoteJobFailed
+from hybridtrain.errors import NoFeasiblePlacement, Preempted, RemoteJobFailed, SpecError
 from hybridtrain.remote.job_bundle import SECRETS_FILE
 from hybridtrain.remote.local_training import WORKDIR, local_train
 from hybridtrain.specs.sites import CHECKPOINT_SUBDIR, LocalStore, Site
@@ -227,3 +227,17 @@ def test_gpus_are_named_as_the_workers_cuda_visible_devices_names_them():
     assert visible_gpus(2, {"CUDA_VISIBLE_DEVICES": "5,7"}) == ["5", "7"]
     assert visible_gpus(2, {"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb,GPU-cc"}) == ["GPU-aa", "GPU-bb"]
     assert visible_gpus(3, {}) == ["0", "1", "2"] and visible_gpus(0, {"CUDA_VISIBLE_DEVICES": "1"}) == []
+
+
+def test_a_lock_directory_no_worker_may_write_is_one_line_naming_the_setting(tmp_path):
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the lock directory should be")
+    with pytest.raises(SpecError, match=r"HYBRIDTRAIN_GPU_LOCK_DIR: cannot use .*not-a-dir/gpu-0.lock to claim GPU 0 "
+                                        r"of this machine .*: set HYBRIDTRAIN_GPU_LOCK_DIR to a directory"):
+        LocalGpus(["0"], blocked).claim(1, job="j", site="s", wait_s=0)
+
+
+def test_lock_files_are_shared_by_every_user_of_the_machine(tmp_path):
+    lock_dir = tmp_path / "locks"
+    LocalGpus(["0"], lock_dir).claim(1, job="j", site="s", wait_s=0).release()
+    assert lock_dir.stat().st_mode & 0o7777 == 0o1777 and (lock_dir / "gpu-0.lock").stat().st_mode & 0o777 == 0o666
