@@ -12,7 +12,8 @@ DDP — the same program an SSH host runs (``hybridtrain.remote.host_training`` 
    (``CUDA_VISIBLE_DEVICES``); on a machine without CUDA, 4 CPU processes over gloo.
 2. Rank 0 fetches the approved data from the site's store, the ranks train, rank 0 checkpoints to
    the site's store (the same series an in-process run of the run key uses) and writes the result
-   files. Every line the job prints goes to ``on_line`` (the Prefect run logger) as it comes.
+   files. The job writes its own log file (``.hybridtrain/jobs/<job_id>/log``), and every line of it
+   goes to ``on_line`` (the Prefect run logger) as it comes.
 3. ``should_stop()`` turning true (a preemption notice to the worker) sends the job SIGTERM:
    torchrun passes it on, rank 0 stores a checkpoint and ``preempted.json``, and ``Preempted`` is
    raised here, as from an SSH host. Past ``timeout`` (default ``resources.max_hours`` plus a setup
@@ -28,13 +29,11 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -132,12 +131,14 @@ def local_train(
             + (f" on GPU(s) {','.join(devices)}" if devices else ""))
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     try:
-        with open(job_dir / LOG_FILE, "w") as log_file:
+        # The job writes its own log file, not a pipe to this process: if this process dies, the job's
+        # next line must not fail on a broken pipe before it has stored its checkpoint.
+        with open(job_dir / LOG_FILE, "wb") as log_file:
             proc = subprocess.Popen(local_argv(bundle_dir, nproc, preemptions_per_hour=preemptions_per_hour),
-                                    cwd=job_dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
-                                    start_new_session=True)
-            status, why = _follow(proc, log_file, tail, on_line, should_stop, limit, shutdown_s, poll_interval)
+                                    cwd=job_dir, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        status, why = _follow(proc, job_dir / LOG_FILE, tail, on_line, should_stop, limit, shutdown_s,
+                              poll_interval)
         if status != 0:
             preempted = PreemptionReport.read(bundle_dir)
             if preempted is not None:
@@ -158,58 +159,52 @@ def local_train(
         shutil.rmtree(job_dir / WORKDIR, ignore_errors=True)
 
 
-def _follow(proc: subprocess.Popen[str], log_file, tail: deque[str], on_line: Callable[[str], None],
+def _follow(proc: subprocess.Popen[bytes], log_path: Path, tail: deque[str], on_line: Callable[[str], None],
             should_stop: Callable[[], bool] | None, limit: float, shutdown_s: float,
             poll_interval: float) -> tuple[int, str]:
-    """Pass the job's lines on until it ends; (exit status, why it was stopped by us or "")."""
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line.rstrip("\n"))
-        lines.put(None)
-
-    reader = threading.Thread(target=read, name=f"job-log-{proc.pid}", daemon=True)
-    reader.start()
+    """Pass the job's log lines on as they are written, until it ends; (exit status, why we stopped it or "")."""
     deadline = time.monotonic() + limit
-    why, stopped_at, checked = "", None, time.monotonic()
+    why, stopped_at, partial = "", None, ""
+
+    def emit(text: str, *, final: bool = False) -> None:
+        nonlocal partial
+        *lines, partial = (partial + text).split("\n")
+        if final and partial:
+            lines, partial = [*lines, partial], ""
+        for line in lines:
+            tail.append(line)
+            on_line(line)
+
     try:
-        while True:
-            try:
-                line = lines.get(timeout=poll_interval)
-            except queue.Empty:
-                line = ""
-            if line is None:
-                break
-            if line:
-                log_file.write(line + "\n")
-                log_file.flush()
-                tail.append(line)
-                on_line(line)
-            now = time.monotonic()
-            if line and now - checked < poll_interval:
-                continue
-            checked = now
-            if stopped_at is None and should_stop is not None and should_stop():
-                on_line(f"hybridtrain: preemption notice: stopping job (pid {proc.pid}) after its checkpoint")
-                proc.send_signal(signal.SIGTERM)
-                stopped_at = now
-            elif stopped_at is None and now > deadline:
-                why = f"it was still running after {limit:g} s (resources.max_hours plus setup) and was stopped"
-                proc.send_signal(signal.SIGTERM)
-                stopped_at = now
-            elif stopped_at is not None and now > stopped_at + shutdown_s + SHUTDOWN_MARGIN_S:
-                _kill_group(proc)
+        with open(log_path, errors="replace") as log:
+            while True:
+                chunk = log.read()
+                ended = proc.poll() is not None
+                if chunk:
+                    emit(chunk)
+                if ended:
+                    emit(log.read(), final=True)  # what it wrote between the read and its end
+                    break
+                now = time.monotonic()
+                if stopped_at is None and should_stop is not None and should_stop():
+                    on_line(f"hybridtrain: preemption notice: stopping job (pid {proc.pid}) after its checkpoint")
+                    proc.send_signal(signal.SIGTERM)
+                    stopped_at = now
+                elif stopped_at is None and now > deadline:
+                    why = f"it was still running after {limit:g} s (resources.max_hours plus setup) and was stopped"
+                    proc.send_signal(signal.SIGTERM)
+                    stopped_at = now
+                elif stopped_at is not None and now > stopped_at + shutdown_s + SHUTDOWN_MARGIN_S:
+                    _kill_group(proc)
+                if not chunk:
+                    time.sleep(poll_interval)
     except BaseException:  # the caller is going away (cancelled, interrupted): the job goes with it
         _stop(proc, shutdown_s)
         raise
-    status = proc.wait()
-    reader.join(timeout=5)
-    return status, why
+    return proc.wait(), why
 
 
-def _stop(proc: subprocess.Popen[str], shutdown_s: float) -> None:
+def _stop(proc: subprocess.Popen[bytes], shutdown_s: float) -> None:
     if proc.poll() is not None:
         return
     proc.send_signal(signal.SIGTERM)
@@ -220,7 +215,7 @@ def _stop(proc: subprocess.Popen[str], shutdown_s: float) -> None:
         proc.wait()
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL torchrun and its workers (its own process group) when the grace for SIGTERM is spent."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
