@@ -10,13 +10,10 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 from hybridtrain.datasets import partitioned
-from hybridtrain.datasets.dvc_repo import DvcRepo
 from hybridtrain.errors import NoFeasiblePlacement, Preempted, RemoteJobFailed, SpecError
 from hybridtrain.remote.job_bundle import SECRETS_FILE
 from hybridtrain.remote.local_training import WORKDIR, local_train
@@ -27,9 +24,7 @@ from hybridtrain.training.checkpoint import CheckpointStore
 from hybridtrain.training.local_gpus import LocalGpus, visible_gpus
 from hybridtrain.training.preemption import PreemptionReport
 from hybridtrain.training.trainer import Trainer
-from hybridtrain.workspace import Workspace
-from tests.fixtures.ssh_job import SPEC
-from tests.fixtures.training_data import churn_frame
+from tests.fixtures.ssh_job import SPEC, pushed_data_env
 
 pytestmark = pytest.mark.slow  # torchrun and its ranks
 
@@ -44,17 +39,7 @@ def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("local-env")
     site = Site(name="cloud-local", kind="cloud", region="eu", jurisdiction="EU", price_per_gpu_hour=2.0,
                 work_pool="cloud", gpu_count=4, store=LocalStore(path=str(root / "store")))
-    ws = Workspace.resolve(root / "ws")
-    repo = DvcRepo.ensure(ws.root, {site.dvc_remote: f"{root / 'store'}/dvc"}, default_remote=site.dvc_remote,
-                          scm=False)
-    frame = pd.concat([churn_frame(2000, 1).assign(split="train"), churn_frame(500, 2).assign(split="val")],
-                      ignore_index=True)
-    frame["partition"] = np.arange(len(frame)) % 2
-    partitioned.write(frame, ws.path("data/approved/churn-ssh"), sort_by="account_id")
-    approved = repo.add("data/approved/churn-ssh", "approved", site.name)
-    repo.push(approved, remote=site.dvc_remote)
-    return ws, site, approved
-
+    return pushed_data_env(root, site)
 
 def checkpoints(env, run_key: str) -> CheckpointStore:
     ws, site, _ = env
@@ -181,7 +166,6 @@ local_train(Workspace.resolve({str(ws.root)!r}), slow, approved, site, "orphan",
 
 HOLD = """
 import sys, time
-from hybridtrain.training.preemption import PreemptionReport
 from hybridtrain.training.local_gpus import LocalGpus
 held = LocalGpus(["0", "1", "2", "3"], sys.argv[1]).claim(int(sys.argv[2]), job="other", site="s", wait_s=0)
 print(",".join(held.names), flush=True)
