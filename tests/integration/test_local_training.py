@@ -138,11 +138,6 @@ slow = SPEC.model_copy(update={{"model": SPEC.model.model_copy(update={{"epochs"
 local_train(Workspace.resolve({str(ws.root)!r}), slow, approved, site, "orphan", "local-orphan",
             lambda line: print(line, flush=True), nproc=2, timeout=600)
 """)
-    starter = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    assert starter.stdout is not None
-    for line in starter.stdout:  # training under way: the ranks exist
-        if "hybridtrain: epoch 1/400" in line:
-            break
     bundle = ws.state_dir / "jobs" / "local-orphan" / "bundle"
 
     def ranks() -> list[int]:
@@ -150,15 +145,24 @@ local_train(Workspace.resolve({str(ws.root)!r}), slow, approved, site, "orphan",
                              text=True, check=False).stdout.split()
         return [int(p) for p in out]
 
-    assert len(ranks()) >= 2
-    os.kill(starter.pid, signal.SIGKILL)
-    starter.wait()
-    deadline = time.monotonic() + 60
-    while ranks() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ranks() == []
-    report = PreemptionReport.read(bundle)
-    assert report is not None and report.step > 0 and report.checkpoint  # stopped as on a notice, progress stored
+    starter = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert starter.stdout is not None
+        for line in starter.stdout:  # training under way: the ranks exist
+            if "hybridtrain: epoch 1/400" in line:
+                break
+        assert len(ranks()) >= 2
+        os.kill(starter.pid, signal.SIGKILL)
+        starter.wait()
+        deadline = time.monotonic() + 60
+        while ranks() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ranks() == []
+        report = PreemptionReport.read(bundle)
+        assert report is not None and report.step > 0 and report.checkpoint  # stopped as on a notice, progress stored
+    finally:  # a failed run leaves nothing burning the CPU for the rest of the suite
+        starter.kill()
+        subprocess.run(["pkill", "-9", "-f", str(bundle)], check=False)
 
 
 # -- which GPUs of this machine a job holds (real flocks, in separate processes) ------------------
