@@ -88,7 +88,7 @@ def ssh_train_round(ws: Workspace, spec: JobSpec, site: Site, aggregation_site: 
             job = remote.launch(job_id, [host.python, "-m", ENTRY_POINT, remote_bundle],
                                 workdir=remote.job_dir(job_id),
                                 env={"PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1",
-                                     **visible_devices(devices, host)})
+                                     **visible_devices(devices, host, cpu_only=spec.resources.gpus == 0)})
         try:
             remote.stream(job, emit, poll_interval=poll_interval, timeout=limit)
         except RemoteJobFailed as exc:

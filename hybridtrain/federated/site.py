@@ -261,7 +261,8 @@ def _train_here(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int,
     claim = (machine.claim(1, job=spec.name, site=site) if machine.count() and spec.resources.gpus >= 1
              else nullcontext(None))
     with claim as held:
-        device = torch.device(f"cuda:{held.positions[0]}") if held is not None else None
+        device = (torch.device("cpu") if spec.resources.gpus == 0 else  # a CPU job never takes a held GPU
+                  torch.device(f"cuda:{held.positions[0]}") if held is not None else None)
         result = train_local(spec.model, Featurizer.from_dict(featurizer), global_state, train, val,
                              spec.data_schema.label, site=site, rnd=rnd, epochs=fed.local_epochs,
                              mu=fed.mu if fed.aggregator == "fedprox" else 0.0, dp=fed.dp,

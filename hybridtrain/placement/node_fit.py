@@ -153,8 +153,11 @@ def held_hosts(site: Site, gpus: Mapping[str, Sequence[int]]) -> tuple[SshHost, 
     return tuple(by_key[k] for k in gpus)
 
 
-def visible_devices(gpus: Mapping[str, Sequence[int]] | None, host: SshHost) -> dict[str, str]:
-    """The environment that limits a job on ``host`` to its held GPUs (empty: it holds none there)."""
+def visible_devices(gpus: Mapping[str, Sequence[int]] | None, host: SshHost, *,
+                    cpu_only: bool = False) -> dict[str, str]:
+    """The environment that limits a job on ``host`` to its held GPUs (empty: it holds none there). A CPU job
+    (``cpu_only``: ``resources.gpus: 0``, which holds none) sees no GPU at all, so it never trains on one
+    another job holds."""
     if not gpus or host_key(host) not in gpus:
-        return {}
+        return {"CUDA_VISIBLE_DEVICES": ""} if cpu_only else {}
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpus[host_key(host)])}

@@ -207,7 +207,8 @@ def _attempt(ws, spec, approved, site, nodes, run_key, job_id, attempt, nproc, e
                                    endpoint=endpoint, rdzv_id=f"{job_id}-a{attempt}", is_host=node.index == 0,
                                    preemptions_per_hour=preemptions_per_hour)
         node.job = remote.launch(job_id, argv, workdir=remote.job_dir(job_id),
-                                 env={**env, **visible_devices(devices, node.host)})
+                                 env={**env, **visible_devices(devices, node.host,
+                                                                cpu_only=spec.resources.gpus == 0)})
     emit(f"hybridtrain: job {job_id} launched on {len(nodes)} nodes "
          f"({', '.join(n.control.label for n in nodes)}), rendezvous at {endpoint}")
     if on_launch is not None:

@@ -5,7 +5,7 @@
 1. It connects to the host (pinned host key, the block's private key) and looks for job
    ``job_id`` there. None yet: it writes the JobBundle (spec, approved dataset pointer, site
    with its store, run key), uploads it to ``<workdir>/jobs/<job_id>/bundle`` and launches
-   ``<python> -m torch.distributed.run --standalone --nproc_per_node=<gpus or 1> -m
+   ``<python> -m torch.distributed.run --standalone --nproc_per_node=<the job's gpus, or 1> -m
    hybridtrain.remote.host_training <bundle>`` detached.
 2. It follows the job's log line by line into ``on_line`` (the Prefect run logger). The network
    drops for a few seconds: the job keeps training; the executor reconnects, re-attaches and
@@ -112,10 +112,10 @@ class TrainResultFiles:
         )
 
 
-def torchrun_argv(host: SshHost, bundle_dir: str, nproc_per_node: int | None = None, *,
+def torchrun_argv(host: SshHost, bundle_dir: str, nproc_per_node: int, *,
                   preemptions_per_hour: float | None = None) -> list[str]:
-    """The command that trains a bundle on ``host``: one process per GPU (one on a CPU-only host)."""
-    n = nproc_per_node if nproc_per_node is not None else max(1, host.gpus)
+    """The command that trains a bundle on ``host``: ``nproc_per_node`` processes, one per GPU of the job."""
+    n = nproc_per_node
     rate = [] if preemptions_per_hour is None else ["--preemptions-per-hour", repr(float(preemptions_per_hour))]
     return [host.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
             "-m", "hybridtrain.remote.host_training", bundle_dir, *rate]
@@ -177,8 +177,9 @@ def ssh_train(
     job fails, and Preempted (step, checkpoint key, site) when it stopped for a preemption notice
     after writing its checkpoint. ``preemptions_per_hour`` (the site's observed rate) goes to the
     trainer for ``checkpoint.auto_interval``. ``devices`` (``host_key`` → GPU indices, the GPUs held for
-    the job) limit it to its GPUs there (``CUDA_VISIBLE_DEVICES``). Result files land in
-    ``<workspace>/.hybridtrain/jobs/<job_id>/result``.
+    the job) limit it to its GPUs there (``CUDA_VISIBLE_DEVICES``); a CPU job (``resources.gpus: 0``) sees
+    none. It runs ``nproc_per_node`` processes (default: one per GPU of the job, at least one). Result files
+    land in ``<workspace>/.hybridtrain/jobs/<job_id>/result``.
     """
     emit = on_line or (lambda line: log.info("[%s] %s", job_id, line))
     limit = timeout if timeout is not None else spec.resources.max_hours * 3600 + SETUP_ALLOWANCE_S
@@ -199,11 +200,12 @@ def ssh_train(
             # their checkpoint. (Launchers without these settings ignore the variables.)
             shutdown_s = math.ceil(spec.checkpoint.preemption_grace_s) + SHUTDOWN_MARGIN_S
             job = remote.launch(
-                job_id, torchrun_argv(host, remote_bundle, nproc_per_node, preemptions_per_hour=preemptions_per_hour),
+                job_id, torchrun_argv(host, remote_bundle, nproc_per_node or max(1, spec.resources.gpus),
+                                      preemptions_per_hour=preemptions_per_hour),
                 workdir=remote.job_dir(job_id),
                 env={"PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1",
                      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(shutdown_s),
-                     "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", **visible_devices(devices, host)},
+                     "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", **visible_devices(devices, host, cpu_only=spec.resources.gpus == 0)},
             )
         try:
             remote.stream(job, emit, poll_interval=poll_interval, timeout=limit)

@@ -268,11 +268,11 @@ def _train_on_this_machine(ws: Workspace, spec: JobSpec, approved: DatasetVersio
         val_df = partitioned.read(data_dir, ["val"])
         store = CheckpointStore.for_run(checkpoint_store(ws, s), spec.name, run_key,
                                         keep_last=spec.checkpoint.keep_last)
-        device = None
-        if held is not None:
-            import torch  # lazy: heavy
+        import torch  # lazy: heavy
 
-            device = torch.device(f"cuda:{held.positions[0]}")
+        # A CPU job (gpus: 0) never takes a GPU another job holds; a GPU job trains on the one it holds.
+        device = (torch.device("cpu") if spec.resources.gpus == 0 else
+                  torch.device(f"cuda:{held.positions[0]}") if held is not None else None)
         trainer = Trainer(spec.model, spec.checkpoint, store, spec.data_schema.label, device=device,
                           threads=spec.model.threads or spec.resources.cpus, job=spec.name,
                           preemptions_per_hour=preemptions_per_hour)

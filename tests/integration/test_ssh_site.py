@@ -51,7 +51,8 @@ STEPS = 4 * 16  # 2000 train rows / batch 128 = 16 steps per epoch
 
 def train_over_ssh(sshd, env, job_id: str, run_key: str, on_line=None, **kw):
     ws, site, approved = env
-    return ssh_train(ws, SPEC, approved, site, kw.pop("host", sshd.host), sshd.private_key, sshd.known_hosts,
+    return ssh_train(ws, kw.pop("spec", SPEC), approved, site, kw.pop("host", sshd.host), sshd.private_key,
+                     sshd.known_hosts,
                      run_key=run_key, job_id=job_id, on_line=on_line, poll_interval=0.2, timeout=WAIT_S,
                      timeouts=FAST, **kw)
 
@@ -247,6 +248,9 @@ def test_training_job_end_to_end_matches_in_process_training(sshd, env, tmp_path
     bundle = JobBundle.read(on_host)
     assert bundle.run_key == "run-e2e" and bundle.approved == approved and bundle.workdir == sshd.host.workdir
     assert not (on_host / "secrets.json").exists()
+    # A CPU job (gpus: 0) sees no GPU of the host, so it never trains on one another job holds.
+    run_sh = (on_host.parent / "run.sh").read_text()
+    assert " CUDA_VISIBLE_DEVICES= " in run_sh and "--nproc_per_node=1 " in run_sh
     # One process under torchrun is the in-process trainer, bit for bit.
     data = Path(sshd.host.workdir) / "data-copy" / approved.path
     local = Trainer(SPEC.model, SPEC.checkpoint,
@@ -306,8 +310,10 @@ def test_failing_training_job_reports_status_and_log_tail_then_a_retry_relaunche
 
 def test_ddp_job_with_two_processes_through_ssh(sshd, env):
     lines: list[str] = []
-    host = sshd.host.model_copy(update={"gpus": 2})  # one process per GPU; on this CPU-only host: gloo
-    files = train_over_ssh(sshd, env, "train-ddp", "run-ddp", lines.append, host=host)
+    host = sshd.host.model_copy(update={"gpus": 4})
+    two = SPEC.model_copy(update={"resources": SPEC.resources.model_copy(update={"gpus": 2})})
+    # One process per GPU of the job, not of the host; on this CPU-only host: gloo.
+    files = train_over_ssh(sshd, env, "train-ddp", "run-ddp", lines.append, host=host, spec=two)
     r = files.result
     assert (r.world_size, r.device, r.global_step, r.epochs_completed) == (2, "cpu", STEPS, 4)
     assert sum("2 process(es) on cpu" in x for x in lines) == 1

@@ -88,6 +88,8 @@ def test_a_host_shortfall_is_what_no_wait_can_free_and_held_gpus_name_hosts_and_
     assert held_hosts(DC, held) == (GPU3, GPU1)
     assert visible_devices(held, GPU1) == {"CUDA_VISIBLE_DEVICES": "0,2"}
     assert visible_devices(held, GPU2) == {} and visible_devices(None, GPU1) == {}
+    # A CPU job holds no GPU and sees none, rather than every GPU of the host (another job's among them).
+    assert visible_devices(None, GPU1, cpu_only=True) == {"CUDA_VISIBLE_DEVICES": ""}
     with pytest.raises(ValueError, match="lists no host"):
         held_hosts(DC, {"x@y:22": (0,)})
 
