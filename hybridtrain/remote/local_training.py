@@ -139,6 +139,8 @@ def local_train(
                                     stderr=subprocess.STDOUT, start_new_session=True)
         status, why = _follow(proc, job_dir / LOG_FILE, tail, on_line, should_stop, limit, shutdown_s,
                               poll_interval)
+        if why:  # stopped for running too long: a failure, even if it stored a checkpoint on the way out
+            raise RemoteJobFailed(job_id, label, status, "\n".join(tail), hint=why)
         if status != 0:
             preempted = PreemptionReport.read(bundle_dir)
             if preempted is not None:
@@ -146,8 +148,8 @@ def local_train(
                         f"checkpoint {preempted.checkpoint}")
                 raise preempted.error(site=site.name)
             reported = first_error({p.name: p.read_text(errors="replace") for p in bundle_dir.glob(ERROR_FILES)})
-            hint = why or (f"it reported: {reported}" if reported else "")
-            raise RemoteJobFailed(job_id, label, status, "\n".join(tail), hint=hint)
+            raise RemoteJobFailed(job_id, label, status, "\n".join(tail),
+                                  hint=f"it reported: {reported}" if reported else "")
         result_dir = bundle_dir / RESULT_DIR
         for name in (MODEL_FILE, FEATURIZER_FILE, RESULT_FILE):
             if not (result_dir / name).is_file():

@@ -116,6 +116,14 @@ def test_a_failing_job_reports_its_own_error_and_leaves_no_secrets(env):
     assert not (job_dir / "bundle" / SECRETS_FILE).exists() and not (job_dir / WORKDIR).exists()
 
 
+def test_a_job_past_its_time_is_stopped_and_fails_instead_of_counting_as_a_preemption(env):
+    with pytest.raises(RemoteJobFailed, match=r"still running after 2 s \(resources.max_hours plus setup\) and was "
+                                              r"stopped") as caught:
+        run(env, "too-long", timeout=1.0)
+    assert not caught.value.retryable  # a retry would run just as long
+    assert not [p for p in (env[0].state_dir / "jobs" / "local-too-long").rglob("*") if "secrets" in p.name]
+
+
 def test_the_job_dies_with_the_process_that_started_it(env, tmp_path):
     """A worker killed with SIGKILL takes its torchrun and ranks with it, as a preemption notice would: nothing
     trains on without a lease, and the progress so far is in a checkpoint."""
