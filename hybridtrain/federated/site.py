@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pandas as pd
-import torch
 from pydantic import BaseModel, Field
 
 from hybridtrain import stages
@@ -37,7 +36,7 @@ from hybridtrain.federated.local import evaluate_state, train_local
 from hybridtrain.federated.rounds import RoundStore, load_state, state_bytes
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.training.featurizer import Featurizer
-from hybridtrain.training.local_gpus import LocalGpus
+from hybridtrain.training.local_gpus import hold_for_job, job_device
 from hybridtrain.workspace import Workspace
 
 #: Holds the GPUs a round trains on while the block runs: ``host_key`` → GPU indices, or None when it takes none
@@ -257,16 +256,13 @@ def _train_here(ws: Workspace, spec: JobSpec, site: str, run_key: str, rnd: int,
     global_state = _fetch_global(ws, rs, rnd - 1, site, aggregation_site, transfers)
     train = _approved_splits(ws, approved, site, ["train"])
     val = _approved_splits(ws, approved, site, ["val"])
-    machine = LocalGpus()  # a GPU of this machine no other job holds (a site without hosts trains here)
-    claim = (machine.claim(1, job=spec.name, site=site) if machine.count() and spec.resources.gpus >= 1
-             else nullcontext(None))
-    with claim as held:
-        device = (torch.device("cpu") if spec.resources.gpus == 0 else  # a CPU job never takes a held GPU
-                  torch.device(f"cuda:{held.positions[0]}") if held is not None else None)
+    # One GPU of this machine no other job holds (a site without hosts trains here); a CPU job: the CPU.
+    with hold_for_job(spec.resources.gpus, job=spec.name, site=site, count=1) as held:
         result = train_local(spec.model, Featurizer.from_dict(featurizer), global_state, train, val,
                              spec.data_schema.label, site=site, rnd=rnd, epochs=fed.local_epochs,
                              mu=fed.mu if fed.aggregator == "fedprox" else 0.0, dp=fed.dp,
-                             threads=spec.model.threads or spec.resources.cpus, device=device)
+                             threads=spec.model.threads or spec.resources.cpus,
+                             device=job_device(spec.resources.gpus, held))
     return _Trained(result.state, result.rows, result.metrics, result.epsilon, transfers)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import re
@@ -17,7 +16,7 @@ from hybridtrain.datasets.transfer import TransferRecord, egress_cost
 from hybridtrain.errors import Preempted, Problem, SpecError
 from hybridtrain.reporting import progress
 from hybridtrain.specs.job import JobSpec
-from hybridtrain.specs.sites import CapacityClass, S3Store, Site, SshHost
+from hybridtrain.specs.sites import CapacityClass, S3Store, Site, SitesCatalog, SshHost
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.workspace import Workspace
 
@@ -189,7 +188,7 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
         result, device = files.train_result(), files.result.device
         log_rest(result)
     else:
-        result, device = _train_on_this_machine(ws, spec, approved, s, run_id, run_key, job_id, shown, on_epoch,
+        result, device = _train_on_this_machine(ws, sites, spec, approved, s, run_id, run_key, job_id, shown, on_epoch,
                                                 host_line, log_rest, should_stop, preemptions_per_hour,
                                                 on_line or (lambda text: log.info("[%s] %s", job_id, text)))
     upload_started = time.perf_counter()
@@ -231,7 +230,8 @@ def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run
     )
 
 
-def _train_on_this_machine(ws: Workspace, spec: JobSpec, approved: DatasetVersion, s: Site, run_id: str,
+def _train_on_this_machine(ws: Workspace, sites: SitesCatalog, spec: JobSpec, approved: DatasetVersion, s: Site,
+                           run_id: str,
                            run_key: str, job_id: str, shown: progress.TrainingProgress,
                            on_epoch: Callable[[int, dict[str, float]], None], host_line: Callable[[str], None],
                            log_rest: Callable[[Any], None], should_stop: Callable[[], bool] | None,
@@ -243,14 +243,11 @@ def _train_on_this_machine(ws: Workspace, spec: JobSpec, approved: DatasetVersio
     under torchrun (``remote.local_training``); on a machine without CUDA, as many CPU processes.
     """
     from hybridtrain.training.checkpoint import CheckpointStore  # lazy: heavy (torch)
-    from hybridtrain.training.local_gpus import LocalGpus  # lazy: heavy (torch)
+    from hybridtrain.training.local_gpus import hold_for_job, job_device
     from hybridtrain.training.trainer import Trainer  # lazy: heavy (torch, scipy)
 
     n = max(1, spec.resources.gpus)
-    machine = LocalGpus()
-    claim = (machine.claim(n, job=spec.name, site=s.name, say=say)
-             if machine.count() and spec.resources.gpus >= 1 else contextlib.nullcontext(None))
-    with claim as held:
+    with hold_for_job(spec.resources.gpus, job=spec.name, site=s.name, say=say) as held:
         if n > 1:
             from hybridtrain.remote.local_training import local_train  # lazy: heavy (torch)
 
@@ -262,18 +259,13 @@ def _train_on_this_machine(ws: Workspace, spec: JobSpec, approved: DatasetVersio
             result = files.train_result()
             log_rest(result)
             return result, files.result.device
-        sites = ws.load_sites()
         data_dir = dataset_at(ws, sites, approved, s.name, spec.dataset.site)
         train_df = partitioned.read(data_dir, ["train"])
         val_df = partitioned.read(data_dir, ["val"])
         store = CheckpointStore.for_run(checkpoint_store(ws, s), spec.name, run_key,
                                         keep_last=spec.checkpoint.keep_last)
-        import torch  # lazy: heavy
-
-        # A CPU job (gpus: 0) never takes a GPU another job holds; a GPU job trains on the one it holds.
-        device = (torch.device("cpu") if spec.resources.gpus == 0 else
-                  torch.device(f"cuda:{held.positions[0]}") if held is not None else None)
-        trainer = Trainer(spec.model, spec.checkpoint, store, spec.data_schema.label, device=device,
+        trainer = Trainer(spec.model, spec.checkpoint, store, spec.data_schema.label,
+                          device=job_device(spec.resources.gpus, held),
                           threads=spec.model.threads or spec.resources.cpus, job=spec.name,
                           preemptions_per_hour=preemptions_per_hour)
         shown.rows = len(train_df)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, Any, Self
 
 from hybridtrain.errors import NoFeasiblePlacement, Problem, SpecError
 
@@ -159,3 +159,23 @@ class LocalGpus:
 
 def _file_safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def hold_for_job(gpus: int, *, job: str, site: str, count: int | None = None,
+                 say: Callable[[str], None] | None = None) -> contextlib.AbstractContextManager[ClaimedGpus | None]:
+    """What a job asking for ``gpus`` GPUs holds of this machine while the block runs: ``max(1, gpus)`` of them
+    on a machine with CUDA (None for a CPU job, or a machine without CUDA)."""
+    machine = LocalGpus()
+    if gpus < 1 or not machine.count():
+        return contextlib.nullcontext(None)
+    return machine.claim(count if count is not None else gpus, job=job, site=site, say=say)
+
+
+def job_device(gpus: int, held: ClaimedGpus | None) -> Any:
+    """The torch device an in-process job trains on: the CPU for a CPU job (it never takes a GPU another job
+    holds), the GPU it holds, else None (the trainer's default)."""
+    import torch  # lazy: heavy
+
+    if gpus == 0:
+        return torch.device("cpu")
+    return torch.device(f"cuda:{held.positions[0]}") if held is not None else None
