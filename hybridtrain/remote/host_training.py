@@ -56,6 +56,7 @@ from hybridtrain.training.distributed import Distributed
 from hybridtrain.training.preemption import PreemptionNotice
 from hybridtrain.training.trainer import Trainer, TrainResult, default_device
 
+MODULE = "hybridtrain.remote.host_training"
 RESULT_DIR = "result"
 ERROR_FILES = "error.*.txt"
 RESULT_FILE = "result.json"
@@ -247,8 +248,20 @@ def run(bundle_dir: Path | str, *, out: Callable[[str], None] | None = None,
         return result
 
 
+def torchrun_command(python: str, bundle_dir: str, launch: list[str], *,
+                     preemptions_per_hour: float | None = None) -> list[str]:
+    """The command that runs this program on ``bundle_dir`` under torchrun: ``python -m
+    torch.distributed.run <launch> -m hybridtrain.remote.host_training <bundle_dir>``.
+
+    ``launch`` holds torchrun's own options (``--standalone``, ``--nnodes``, ``--nproc_per_node``…);
+    ``preemptions_per_hour`` becomes this program's ``--preemptions-per-hour``.
+    """
+    rate = [] if preemptions_per_hour is None else ["--preemptions-per-hour", repr(float(preemptions_per_hour))]
+    return [python, "-m", "torch.distributed.run", *launch, "-m", MODULE, bundle_dir, *rate]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hybridtrain.remote.host_training",
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}",
                                      description="Run a hybridtrain job bundle on this host.")
     parser.add_argument("bundle_dir", help="directory holding bundle.json (and secrets.json)")
     parser.add_argument("--preemptions-per-hour", type=float, default=None,

@@ -50,6 +50,7 @@ from hybridtrain.remote.host_training import (
     RESULT_FILE,
     HostResult,
     first_error,
+    torchrun_command,
 )
 from hybridtrain.remote.job_bundle import SECRETS_FILE, JobBundle
 from hybridtrain.remote.remote_training import SETUP_ALLOWANCE_S, SHUTDOWN_MARGIN_S, TrainResultFiles, portable_site
@@ -80,10 +81,9 @@ os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
 
 def local_argv(bundle_dir: Path, nproc: int, *, preemptions_per_hour: float | None = None) -> list[str]:
     """The command that trains a bundle here: torchrun with ``nproc`` processes, behind the orphan guard."""
-    rate = [] if preemptions_per_hour is None else ["--preemptions-per-hour", repr(float(preemptions_per_hour))]
-    return [sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid()),
-            "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "hybridtrain.remote.host_training", str(bundle_dir), *rate]
+    command = torchrun_command(sys.executable, str(bundle_dir), ["--standalone", f"--nproc_per_node={nproc}"],
+                               preemptions_per_hour=preemptions_per_hour)
+    return [sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid()), *command[1:]]
 
 
 def local_train(

@@ -49,7 +49,14 @@ from pydantic import SecretStr
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import Preempted, RemoteJobFailed
 from hybridtrain.placement.node_fit import visible_devices
-from hybridtrain.remote.host_training import FEATURIZER_FILE, MODEL_FILE, RESULT_DIR, RESULT_FILE, HostResult
+from hybridtrain.remote.host_training import (
+    FEATURIZER_FILE,
+    MODEL_FILE,
+    RESULT_DIR,
+    RESULT_FILE,
+    HostResult,
+    torchrun_command,
+)
 from hybridtrain.remote.job_bundle import SECRETS_FILE, JobBundle
 from hybridtrain.remote.remote_training import SETUP_ALLOWANCE_S, SHUTDOWN_MARGIN_S, TrainResultFiles, portable_site
 from hybridtrain.remote.ssh_site import RemoteJob, SshSite, Timeouts
@@ -71,12 +78,11 @@ def torchrun_nodes_argv(host: SshHost, bundle_dir: str, *, nodes: int, nproc_per
     ``is_host``: this node serves the rendezvous store (said explicitly: torchrun's guess from the
     hostname fails behind NAT, and on one machine every node would claim it).
     """
-    rate = [] if preemptions_per_hour is None else ["--preemptions-per-hour", repr(float(preemptions_per_hour))]
-    return [host.python, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={nproc_per_node}",
-            "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={rdzv_id}",
-            f"--rdzv_conf=is_host={'1' if is_host else '0'}",
-            f"--local_addr={host.hostname}", "--max_restarts=0",
-            "-m", "hybridtrain.remote.host_training", bundle_dir, *rate]
+    launch = [f"--nnodes={nodes}", f"--nproc_per_node={nproc_per_node}",
+              "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={rdzv_id}",
+              f"--rdzv_conf=is_host={'1' if is_host else '0'}",
+              f"--local_addr={host.hostname}", "--max_restarts=0"]
+    return torchrun_command(host.python, bundle_dir, launch, preemptions_per_hour=preemptions_per_hour)
 
 
 class _Node:

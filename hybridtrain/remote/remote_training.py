@@ -52,6 +52,7 @@ from hybridtrain.remote.host_training import (
     RESULT_FILE,
     HostResult,
     first_error,
+    torchrun_command,
 )
 from hybridtrain.remote.job_bundle import SECRETS_FILE, JobBundle
 from hybridtrain.remote.ssh_site import SshSite, Timeouts
@@ -115,10 +116,8 @@ class TrainResultFiles:
 def torchrun_argv(host: SshHost, bundle_dir: str, nproc_per_node: int, *,
                   preemptions_per_hour: float | None = None) -> list[str]:
     """The command that trains a bundle on ``host``: ``nproc_per_node`` processes, one per GPU of the job."""
-    n = nproc_per_node
-    rate = [] if preemptions_per_hour is None else ["--preemptions-per-hour", repr(float(preemptions_per_hour))]
-    return [host.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-            "-m", "hybridtrain.remote.host_training", bundle_dir, *rate]
+    return torchrun_command(host.python, bundle_dir, ["--standalone", f"--nproc_per_node={nproc_per_node}"],
+                            preemptions_per_hour=preemptions_per_hour)
 
 
 def portable_site(ws: Workspace, site: Site) -> Site:
