@@ -13,10 +13,11 @@ platform at once), and a GPU job's training takes ``nodes × gpus`` of them with
 none. So the jobs training at a site at once never need more GPUs than it gives, whatever their
 sizes — the pool's run limit counts runs, not GPUs — even where its hosts declare more. At a site
 without SSH hosts (its runs train in the pool worker's process, or on cloud instances started for
-them) that share is the whole lease; which devices a job sees there is up to its process (the
-trainer takes the first visible GPU).
+them) that share is the whole lease; which of the worker machine's GPUs a job trains on is then
+claimed by ``hybridtrain.training.local_gpus`` (one lock per GPU, shared by every worker on the
+machine).
 
-When too few are free, the training waits, logging what it waits for, up to ``GPU_WAIT_S``; then
+When too few are free, the training waits, logging what it waits for, up to ``$HYBRIDTRAIN_GPU_WAIT_S`` (6 h); then
 it fails naming the site and the counts. A job no amount of waiting can fit (too few hosts with
 that many GPUs, more GPUs than ``gpu_count``) fails at once. A CPU job (``resources.gpus: 0``)
 and a site whose hosts declare no GPUs (``hosts[].gpus``, default 0: as before, on the first hosts,
@@ -51,10 +52,10 @@ from hybridtrain.errors import NoFeasiblePlacement
 from hybridtrain.placement.node_fit import host_key, host_shortfall, pick_gpus
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.specs.sites import Site
+from hybridtrain.training.local_gpus import gpu_wait_s
 from orchestration.training_lease import LEASE_S, holder_ended_long_ago, release_lease
 
 #: How long a training waits for enough free GPUs before it gives up.
-GPU_WAIT_S = float(os.environ.get("HYBRIDTRAIN_GPU_WAIT_S", str(6 * 3600)))
 #: Seconds between looks at the free GPUs while waiting (and the longest one request for them waits).
 GPU_POLL_S = float(os.environ.get("HYBRIDTRAIN_GPU_POLL_S", "5"))
 HOLDER_PREFIX = "gpu-lease-"
@@ -209,7 +210,8 @@ def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | 
     None at a site without hosts (the job sees what its process sees).
 
     Raises ``NoFeasiblePlacement`` naming the site and the counts when the site can never hold the
-    job, or when not enough GPUs were free within ``wait_s`` (default ``GPU_WAIT_S``).
+    job, or when not enough GPUs were free within ``wait_s`` (default ``$HYBRIDTRAIN_GPU_WAIT_S``, see
+    ``hybridtrain.training.local_gpus.gpu_wait_s``).
     """
     nodes, per_node, need = spec.resources.nodes, spec.resources.gpus, spec.resources.total_gpus
     never = host_shortfall(site, nodes, per_node) if site.hosts else None
@@ -219,7 +221,7 @@ def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | 
         raise NoFeasiblePlacement(spec.name, {site.name: never},
                                   hint="lower resources.gpus or resources.nodes, or place the job elsewhere")
     log = get_run_logger()
-    wait = GPU_WAIT_S if wait_s is None else wait_s
+    wait = gpu_wait_s() if wait_s is None else wait_s
     deadline = time.monotonic() + wait
     tried: set[str] = set()
     said = None

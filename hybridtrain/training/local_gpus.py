@@ -35,6 +35,26 @@ WAIT_ENV = "HYBRIDTRAIN_GPU_WAIT_S"
 DEFAULT_WAIT_S = 6 * 3600.0
 
 
+def gpu_wait_s(env: dict[str, str] | None = None) -> float:
+    """How long a job waits for busy GPUs before it fails: ``$HYBRIDTRAIN_GPU_WAIT_S`` seconds (default 6 h).
+
+    Read when a job waits, so a worker's environment can change it without a restart. A value that
+    is not a number ≥ 0 is a ``SpecError`` naming the variable.
+    """
+    raw = (os.environ if env is None else env).get(WAIT_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_WAIT_S
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = float("nan")
+    if not (wait >= 0 and wait != float("inf")):
+        raise SpecError("the worker's environment", [Problem(
+            WAIT_ENV, f"{raw!r} is not a number of seconds >= 0: set {WAIT_ENV} to how long a job may wait "
+                      "for busy GPUs (e.g. 3600), or unset it for the default (6 h)")])
+    return wait
+
+
 def visible_gpus(count: int | None = None, env: dict[str, str] | None = None) -> list[str]:
     """This machine's GPUs as CUDA numbers them for this process: the names ``CUDA_VISIBLE_DEVICES`` gives,
     else ``0..count-1``. ``count`` defaults to ``torch.cuda.device_count()`` (0 without CUDA)."""
@@ -136,7 +156,7 @@ class LocalGpus:
                                                   f"{len(self.gpus)} GPU(s); the job needs {n}"},
                                       hint="lower resources.gpus, run the site's worker on a machine with more "
                                            "GPUs, or place the job elsewhere")
-        wait = float(os.environ.get(WAIT_ENV, DEFAULT_WAIT_S)) if wait_s is None else wait_s
+        wait = gpu_wait_s() if wait_s is None else wait_s
         deadline = time.monotonic() + wait
         said = False
         while True:

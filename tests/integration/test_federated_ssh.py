@@ -211,7 +211,7 @@ def test_a_gpu_jobs_round_holds_its_hosts_gpu_and_cannot_start_while_another_job
 
     @flow
     def round_three(wait_s: float) -> str:
-        monkeypatch.setattr(gpu_lease, "GPU_WAIT_S", wait_s)
+        monkeypatch.setenv("HYBRIDTRAIN_GPU_WAIT_S", str(wait_s))
         try:  # round 3 of run key "ssh": from its round-2 global model
             return train_round(runs["ws"], spec, SSH_SITE, "ssh", 3, approved, outcome.state.featurizer, AGG).host
         except NoFeasiblePlacement as exc:
