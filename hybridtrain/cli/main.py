@@ -22,6 +22,7 @@ from rich.table import Table
 
 from hybridtrain.cli import federated as cli_federated
 from hybridtrain.cli import governance as cli_governance
+from hybridtrain.cli import gpus as cli_gpus
 from hybridtrain.cli import placement as cli_placement
 from hybridtrain.cli import service as cli_service
 from hybridtrain.cli import serving as cli_serving
@@ -311,6 +312,7 @@ cli_governance.register(app)
 cli_service.register(app)
 cli_serving.register(app)
 cli_federated.register(app)
+cli_gpus.register(app)
 
 
 def main() -> None:

@@ -14,16 +14,24 @@ process's locks, so a killed worker never strands a GPU. An example, on a machin
 GPUs are named as CUDA sees them: with ``CUDA_VISIBLE_DEVICES`` set for the worker, its entries
 (indices or UUIDs) are the lock names, so workers given different GPUs never contend. A machine
 without CUDA has nothing to claim (``count() == 0``).
+
+Who holds a GPU: the claiming job writes a ``GpuHolder`` (job, site, pid, host, since) into the
+GPU's lock file while it holds the lock. ``holders()`` reads them — a file whose lock is free is
+a free GPU, whatever it says — so a waiting job names the jobs it waits for, and
+``hybridtrain gpus`` lists them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
+import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Self
 
@@ -65,6 +73,44 @@ def visible_gpus(count: int | None = None, env: dict[str, str] | None = None) ->
     listed = (env if env is not None else os.environ).get("CUDA_VISIBLE_DEVICES")
     names = [x.strip() for x in listed.split(",") if x.strip()] if listed else []
     return names[:count] if names else [str(i) for i in range(count)]
+
+
+@dataclass(frozen=True)
+class GpuHolder:
+    """The job holding one GPU of this machine, as it wrote itself into the GPU's lock file."""
+
+    job: str
+    site: str
+    pid: int
+    host: str
+    since: str  # ISO 8601, UTC
+
+    def line(self) -> str:
+        return f"job {self.job} at site {self.site} (pid {self.pid}, since {self.since[:19].replace('T', ' ')} UTC)"
+
+    @classmethod
+    def parse(cls, raw: bytes) -> GpuHolder | None:
+        """The holder a lock file names; None for an empty or foreign file (an older holder wrote none)."""
+        try:
+            got = json.loads(raw.decode())
+            return cls(job=str(got["job"]), site=str(got["site"]), pid=int(got["pid"]), host=str(got["host"]),
+                       since=str(got["since"]))
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return None
+
+
+#: A GPU some process holds without having said who (a lock file from before holders were written).
+UNKNOWN = GpuHolder(job="(unknown)", site="(unknown)", pid=0, host="", since="")
+
+
+def holding_summary(held: dict[str, GpuHolder | None]) -> str:
+    """``GPU 0, 1: job a at site s (pid …); GPU 3: job b …`` for the GPUs held, grouped by holder."""
+    by: dict[GpuHolder, list[str]] = {}
+    for name, h in held.items():
+        if h is not None:
+            by.setdefault(h, []).append(name)
+    return "; ".join(f"GPU {', '.join(names)}: {h.line() if h is not UNKNOWN else 'a process that did not say'}"
+                     for h, names in by.items())
 
 
 @dataclass
@@ -114,8 +160,9 @@ class LocalGpus:
                 LOCK_DIR_ENV, f"cannot use {path} to claim GPU {name} of this machine ({exc.strerror}): set "
                               f"{LOCK_DIR_ENV} to a directory every worker on this machine may write")]) from None
 
-    def try_claim(self, n: int) -> ClaimedGpus | None:
-        """The first ``n`` free GPUs, locked; None (and nothing held) when fewer are free."""
+    def try_claim(self, n: int, holder: GpuHolder | None = None) -> ClaimedGpus | None:
+        """The first ``n`` free GPUs, locked, with ``holder`` written into their lock files; None (and
+        nothing held) when fewer are free."""
         taken = ClaimedGpus([], [])
         for position, name in enumerate(self.gpus):
             if len(taken.names) == n:
@@ -132,19 +179,33 @@ class LocalGpus:
         if len(taken.names) < n:
             taken.release()
             return None
+        if holder is not None:
+            record = json.dumps(asdict(holder)).encode()
+            for fh in taken._files:
+                with contextlib.suppress(OSError):  # who holds it is for people: never fail a claim over it
+                    fh.seek(0)
+                    fh.truncate()
+                    fh.write(record)
+                    fh.flush()
         return taken
 
-    def busy(self) -> int:
-        """How many of this machine's GPUs other jobs hold now."""
-        free = 0
+    def holders(self) -> dict[str, GpuHolder | None]:
+        """Each GPU of this machine and the job holding it (None: free)."""
+        out: dict[str, GpuHolder | None] = {}
         for name in self.gpus:
             with self._open(name) as fh:
                 try:
                     fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
+                    fh.seek(0)
+                    out[name] = GpuHolder.parse(fh.read(4096)) or UNKNOWN
                     continue
-                free += 1
-        return len(self.gpus) - free
+                out[name] = None  # closing the file drops the lock just taken
+        return out
+
+    def busy(self) -> int:
+        """How many of this machine's GPUs other jobs hold now."""
+        return sum(h is not None for h in self.holders().values())
 
     def claim(self, n: int, *, job: str, site: str, wait_s: float | None = None, poll_s: float = 2.0,
               say: Callable[[str], None] | None = None) -> ClaimedGpus:
@@ -158,21 +219,24 @@ class LocalGpus:
                                            "GPUs, or place the job elsewhere")
         wait = gpu_wait_s() if wait_s is None else wait_s
         deadline = time.monotonic() + wait
+        me = GpuHolder(job=job, site=site, pid=os.getpid(), host=socket.gethostname(),
+                       since=datetime.now(UTC).isoformat(timespec="seconds"))
         said = False
         while True:
-            got = self.try_claim(n)
+            got = self.try_claim(n, me)
             if got is not None:
                 return got
-            busy = self.busy()
+            held = self.holders()
+            free = sum(h is None for h in held.values())
             if time.monotonic() >= deadline:
-                raise NoFeasiblePlacement(job, {site: f"{len(self.gpus) - busy} of the {len(self.gpus)} GPUs of "
-                                                      f"site {site}'s worker machine free; the job needs {n} "
-                                                      f"(waited {wait:.0f} s)"},
+                raise NoFeasiblePlacement(job, {site: f"{free} of the {len(self.gpus)} GPUs of site {site}'s worker "
+                                                      f"machine free; the job needs {n} (waited {wait:.0f} s); "
+                                                      f"held: {holding_summary(held)}"},
                                           hint=f"wait for the machine's other jobs to end, raise {WAIT_ENV}, or "
                                                "place the job elsewhere")
             if not said and say is not None:
-                say(f"waiting for GPUs on this machine: {len(self.gpus) - busy} of {len(self.gpus)} free; "
-                    f"the job needs {n}")
+                say(f"waiting for GPUs on this machine: {free} of {len(self.gpus)} free; the job needs {n}; "
+                    f"held: {holding_summary(held)}")
                 said = True
             time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 

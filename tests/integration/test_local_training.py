@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -205,8 +207,10 @@ def test_jobs_on_one_machine_hold_disjoint_gpus_and_a_killed_holders_gpus_come_f
         assert theirs == ["0", "1"]
         mine = machine.claim(2, job="j", site="s", wait_s=0)
         assert (mine.names, mine.positions) == (["2", "3"], [2, 3])
+        theirs_held = rf"job other at site s \(pid {other.pid}, since [-0-9]+ [:0-9]+ UTC\)"
         with pytest.raises(NoFeasiblePlacement, match=r"0 of the 4 GPUs of site s's worker machine free; the job "
-                                                      r"needs 1 \(waited 0 s\)"):
+                                                      r"needs 1 \(waited 0 s\); held: GPU 0, 1: " + theirs_held +
+                                                      rf"; GPU 2, 3: job j at site s \(pid {os.getpid()},"):
             machine.claim(1, job="j", site="s", wait_s=0)
         mine.release()
         waited: list[str] = []
@@ -214,8 +218,14 @@ def test_jobs_on_one_machine_hold_disjoint_gpus_and_a_killed_holders_gpus_come_f
         threading.Timer(0.5, lambda: os.kill(other.pid, signal.SIGKILL)).start()
         got = machine.claim(3, job="j", site="s", wait_s=30, poll_s=0.05, say=waited.append)
         assert got.names == ["0", "1", "2"] and time.monotonic() - started >= 0.4  # once the holder was gone
-        assert waited == ["waiting for GPUs on this machine: 2 of 4 free; the job needs 3"]
+        assert len(waited) == 1
+        assert re.fullmatch(r"waiting for GPUs on this machine: 2 of 4 free; the job needs 3; held: GPU 0, 1: "
+                            + theirs_held, waited[0])
+        # the killed holder's record is still in its files, but a free lock is a free GPU
+        held = machine.holders()
+        assert held["3"] is None and {held[g].pid for g in "012"} == {os.getpid()}  # type: ignore[union-attr]
         got.release()
+        assert machine.holders() == dict.fromkeys("0123")
     finally:
         other.kill()
         other.wait()
@@ -244,3 +254,53 @@ def test_lock_files_are_shared_by_every_user_of_the_machine(tmp_path):
     lock_dir = tmp_path / "locks"
     LocalGpus(["0"], lock_dir).claim(1, job="j", site="s", wait_s=0).release()
     assert lock_dir.stat().st_mode & 0o7777 == 0o1777 and (lock_dir / "gpu-0.lock").stat().st_mode & 0o777 == 0o666
+
+
+# `hybridtrain gpus` in a subprocess; the machine's 4 GPUs are the one thing faked (torch's CUDA count).
+FOUR_GPUS = """
+import sys, torch
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 4
+from hybridtrain.cli.main import main
+sys.argv = ["hybridtrain", *sys.argv[1:]]
+main()
+"""
+
+
+def gpus_cli(*args: str, four: bool = True) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-c", FOUR_GPUS] if four else [sys.executable, "-m", "hybridtrain.cli.main"]
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    return subprocess.run([*argv, "gpus", *args], check=False, capture_output=True, text=True, timeout=120, env=env,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_the_gpus_command_lists_who_holds_each_gpu(tmp_path):
+    other, theirs = hold_in_another_process(tmp_path, 2)
+    try:
+        assert theirs == ["0", "1"]
+        out = gpus_cli("--lock-dir", str(tmp_path))
+        assert out.returncode == 0, out.stderr
+        rows = {line.split("│")[1].strip(): line for line in out.stdout.splitlines() if line.count("│") >= 4
+                and line.split("│")[1].strip() in "0123"}
+        assert set(rows) == {"0", "1", "2", "3"}
+        for g in "01":
+            assert "job other at site s" in rows[g] and str(other.pid) in rows[g]
+        for g in "23":
+            assert "free" in rows[g]
+        assert out.stdout.rstrip().endswith("2 of 4 free")
+        listed = json.loads(gpus_cli("--lock-dir", str(tmp_path), "--json").stdout)
+        assert listed["2"] is None and listed["0"]["job"] == "other" and listed["1"]["pid"] == other.pid
+    finally:
+        other.kill()
+        other.wait()
+    assert json.loads(gpus_cli("--lock-dir", str(tmp_path), "--json").stdout) == dict.fromkeys("0123")
+
+
+def test_the_gpus_command_on_a_machine_without_cuda_and_with_an_unusable_lock_dir(tmp_path):
+    out = gpus_cli(four=False)
+    assert out.returncode == 0 and "no CUDA GPU visible here" in out.stdout
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    out = gpus_cli("--lock-dir", str(blocked))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "HYBRIDTRAIN_GPU_LOCK_DIR: cannot use" in out.stderr
