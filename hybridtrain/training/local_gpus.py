@@ -143,9 +143,12 @@ class LocalGpus:
     def count(self) -> int:
         return len(self.gpus)
 
+    def _path(self, name: str) -> Path:
+        return self.lock_dir / f"gpu-{_file_safe(name)}.lock"
+
     def _open(self, name: str) -> IO[bytes]:
         """The lock file of GPU ``name``, created for every user of the machine (the lock is what matters)."""
-        path = self.lock_dir / f"gpu-{_file_safe(name)}.lock"
+        path = self._path(name)
         try:
             if not self.lock_dir.is_dir():
                 self.lock_dir.mkdir(parents=True, exist_ok=True)
@@ -192,7 +195,14 @@ class LocalGpus:
     def holders(self) -> dict[str, GpuHolder | None]:
         """Each GPU of this machine and the job holding it (None: free)."""
         out: dict[str, GpuHolder | None] = {}
+        if self.lock_dir.exists() and not self.lock_dir.is_dir():
+            raise SpecError("the worker's environment", [Problem(
+                LOCK_DIR_ENV, f"{self.lock_dir} is not a directory: set {LOCK_DIR_ENV} to the directory the "
+                              "workers on this machine claim GPUs in")])
         for name in self.gpus:
+            if not self._path(name).exists():
+                out[name] = None  # never claimed on this machine (nothing is created to find that out)
+                continue
             with self._open(name) as fh:
                 try:
                     fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)

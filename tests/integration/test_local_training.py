@@ -275,6 +275,9 @@ def gpus_cli(*args: str, four: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_gpus_command_lists_who_holds_each_gpu(tmp_path):
+    fresh = tmp_path / "no-claims-yet"
+    assert json.loads(gpus_cli("--lock-dir", str(fresh), "--json").stdout) == dict.fromkeys("0123")
+    assert not fresh.exists()  # listing creates nothing
     other, theirs = hold_in_another_process(tmp_path, 2)
     try:
         assert theirs == ["0", "1"]
@@ -303,4 +306,4 @@ def test_the_gpus_command_on_a_machine_without_cuda_and_with_an_unusable_lock_di
     blocked.write_text("not a directory")
     out = gpus_cli("--lock-dir", str(blocked))
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "HYBRIDTRAIN_GPU_LOCK_DIR: cannot use" in out.stderr
+    assert f"HYBRIDTRAIN_GPU_LOCK_DIR: {blocked} is not a directory" in out.stderr
