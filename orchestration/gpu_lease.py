@@ -115,6 +115,17 @@ def _holders() -> list[tuple[str, dict]]:
     return [(v["name"], v["value"]) for v in response.json() if isinstance(v.get("value"), dict)]
 
 
+def holding_at(site: str) -> str:
+    """Who holds GPUs at ``site`` now, from the holders' records: ``GPUs …: job J (flow run R, since T UTC); …``."""
+    held = sorted((r for _, r in _holders() if r.get("site") == site), key=lambda r: str(r.get("since", "")))
+    takes: dict[tuple, dict] = {}  # one record per lease, and a take has one or two leases
+    for r in held:
+        takes.setdefault((r.get("flow_run"), r.get("job"), r.get("gpus")), r)
+    return "; ".join(f"{r.get('gpus')}: job {r.get('job')} (flow run {r.get('flow_run') or '?'}, since "
+                     f"{str(r.get('since', ''))[:19].replace('T', ' ')} UTC)" for r in takes.values()) \
+        or "no holder recorded"
+
+
 def reap_dead_gpu_holders(tried: set[str]) -> list[str]:
     """Free the GPUs of every recorded holder whose run has ended and whose lease should have expired.
 
@@ -227,7 +238,7 @@ def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | 
     said = None
 
     def give_up(why: str) -> NoFeasiblePlacement:
-        return NoFeasiblePlacement(spec.name, {site.name: f"{why} (waited {wait:.0f} s)"},
+        return NoFeasiblePlacement(spec.name, {site.name: f"{why} (waited {wait:.0f} s); held: {holding_at(site.name)}"},
                                    hint="wait for the site's runs to end, or place the job elsewhere")
 
     while True:
@@ -240,7 +251,7 @@ def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | 
             if time.monotonic() >= deadline:
                 raise give_up(why) from exc
             if why != said:
-                log.info("waiting for GPUs: %s", why)
+                log.info("waiting for GPUs: %s; held: %s", why, holding_at(site.name))
                 said = why
             time.sleep(GPU_POLL_S)
             continue

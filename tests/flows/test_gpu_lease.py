@@ -71,6 +71,9 @@ def test_jobs_at_one_site_get_gpus_no_other_job_holds_and_give_them_back(prefect
     assert out["first"] == {A: (0, 1)} and out["second"] == {B: (0,)} and out["third"] == {B: (1,)}
     assert "site lease-dc-share has 0 of 4 GPUs free; the job needs 1" in out["full"]
     assert "waited 1 s" in out["full"]
+    held = out["full"].split("held: ", 1)[1]  # the three holders, named with their GPUs and flow runs
+    assert held.count("job churn (flow run ") == 3 and f"GPUs {A}: 0,1 (2 of its 4)" in held
+    assert f"GPUs {B}: 0 (1 of its 4)" in held and f"GPUs {B}: 1 (1 of its 4)" in held
     assert out["freed"] == {A: [], B: [0, 1]}  # the two 1-GPU jobs gave theirs back when they ended
     assert "has 0 SSH host(s) with >= 4 GPUs" in out["never"]  # at once: no wait frees a 4-GPU host
     assert out["end"] == {A: [0, 1], B: [0, 1]}
