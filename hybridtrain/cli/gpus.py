@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -35,7 +36,7 @@ def gpus(
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(exc.exit_code) from None
     if as_json:
-        console.print_json(json.dumps({name: None if h is None else h.__dict__ for name, h in held.items()}))
+        console.print_json(json.dumps({name: None if h is None else asdict(h) for name, h in held.items()}))
         return
     if not held:
         console.print("no CUDA GPU visible here: jobs of sites without SSH hosts train on this machine's CPU")
