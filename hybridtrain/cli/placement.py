@@ -258,6 +258,8 @@ def simulate(
         if r.seed != seed:
             continue  # the full table for the first seed; the rest are in the summary
         wide().print(report_table(r))
+        if r.spend:
+            wide().print(spend_table(r))
         t = r.targets
         console.print(
             f"spot traces: {', '.join(f'{k} ← {Path(v).name}' for k, v in r.spot_traces.items())}; "
@@ -354,6 +356,20 @@ def report_table(r) -> Table:  # r: comparison.Report
                       str(m.evictions) if m.name != "lower_bound" else "—", f(m.lost_gpu_hours, ".1f"),
                       str(m.cloud_jobs) if m.name != "lower_bound" else "—",
                       style="bold" if m.name == "ours" else None)
+    return table
+
+
+def spend_table(r) -> Table:  # r: comparison.Report
+    """Where our policy's dollars went, per job class: on-prem, cloud at arrival, cloud after waiting on-prem."""
+    total = sum(x["usd"] for x in r.spend) or 1.0
+    table = Table(title=f"Where ours spent ${total:,.0f} (lower bound ${r.bound.get('usd', float('nan')):,.0f})")
+    for col in ("job class", "where", "jobs", "$", "share", "on-prem GPU-h", "spot GPU-h", "on-demand GPU-h",
+                "restart GPU-h"):
+        table.add_column(col, justify="left" if col in ("job class", "where") else "right")
+    for x in r.spend:
+        table.add_row(x["job_class"], x["where"], str(x["jobs"]), f"{x['usd']:,.0f}", f"{x['usd'] / total:.0%}",
+                      f"{x['onprem_gpu_hours']:,.0f}", f"{x['spot_gpu_hours']:,.0f}", f"{x['od_gpu_hours']:,.0f}",
+                      f"{x['overhead_gpu_hours']:,.1f}")
     return table
 
 

@@ -340,6 +340,8 @@ class Report:
     #: contender → job class → GPU-hours run on spot capacity (classes with none left out)
     spot_gpu_hours: dict[str, dict[str, float]] = field(default_factory=dict)
     policy: str = ""  # the policy file replayed
+    #: where our policy's dollars went (``spend_by_class``)
+    spend: list[dict] = field(default_factory=list)
 
     def row(self, name: str) -> Metrics:
         return next(r for r in self.rows if r.name == name)
@@ -349,7 +351,7 @@ class Report:
                 "deadlines": self.deadlines, "spot_traces": self.spot_traces,
                 "tuning": asdict(self.tuning), "rows": [asdict(r) for r in self.rows], "targets": self.targets,
                 "frontiers": self.frontiers, "bound": self.bound, "seconds": self.seconds,
-                "spot_gpu_hours": self.spot_gpu_hours, "policy": self.policy}
+                "spot_gpu_hours": self.spot_gpu_hours, "policy": self.policy, "spend": self.spend}
 
 
 def cost_target(demand_ratio: float) -> float:
@@ -433,6 +435,43 @@ def spot_by_class(outcomes: Sequence[Outcome]) -> dict[str, float]:
     return {k: round(v, 3) for k, v in sorted(out.items())}
 
 
+#: Where a dollar of ``spend_by_class`` went: on-prem GPUs, a cloud run placed there when the job arrived,
+#: or one moved there after waiting (or running, then evicted) on-prem.
+ONPREM, CLOUD_AT_ARRIVAL, CLOUD_AFTER_ONPREM = "on-prem", "cloud at arrival", "cloud after on-prem"
+
+
+def spend_by_class(outcomes: Sequence[Outcome]) -> list[dict]:
+    """Where one contender's dollars went: one row per (job class, where) with jobs, $, and GPU-hours
+    (on-prem; or spot, on-demand and billed restarts in the cloud). The rows' dollars add up to its total.
+
+    ``cloud after on-prem`` is what the burst controller and evictions sent out: the runs a
+    clairvoyant schedule would mostly have kept on the pool (README, "Where loose 1.10×'s ×bound goes").
+    """
+    rows: dict[tuple[str, str], dict] = {}
+
+    def add(job_class: str, where: str, usd: float, **gpu_hours: float) -> None:
+        row = rows.setdefault((job_class, where), {"job_class": job_class, "where": where, "jobs": 0, "usd": 0.0,
+                                                   "onprem_gpu_hours": 0.0, "spot_gpu_hours": 0.0,
+                                                   "od_gpu_hours": 0.0, "overhead_gpu_hours": 0.0})
+        row["jobs"] += 1
+        row["usd"] += usd
+        for k, v in gpu_hours.items():
+            row[k] += v
+
+    for o in outcomes:
+        if o.unplaceable:
+            continue
+        if o.onprem_gpu_hours > 0 or o.onprem_usd > 0:
+            add(o.job.job_class, ONPREM, o.onprem_usd, onprem_gpu_hours=o.onprem_gpu_hours)
+        if o.cloud:
+            add(o.job.job_class, CLOUD_AFTER_ONPREM if o.moved else CLOUD_AT_ARRIVAL, o.cloud_usd,
+                spot_gpu_hours=o.spot_gpu_hours, od_gpu_hours=o.od_gpu_hours,
+                overhead_gpu_hours=o.overhead_gpu_hours)
+    order = {ONPREM: 0, CLOUD_AT_ARRIVAL: 1, CLOUD_AFTER_ONPREM: 2}
+    return [{k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
+            for _, row in sorted(rows.items(), key=lambda kv: (kv[0][0], order[kv[0][1]]))]
+
+
 def load_workload(pods: Path | str | None, jobs_file: Path | str | None, params: WorkloadParams) -> list[SimJob]:
     """The jobs of ``--jobs FILE`` if given, else of the pod trace (``pods`` or the copied one)."""
     if jobs_file is not None:
@@ -487,7 +526,7 @@ def run_comparison(capacity: int | None = None, *, load: float | None = None, se
     tuning = tuning or tune(scenario, tune_jobs, grid, miss_values)
     ours = our_policy(quantile=tuning.quantile, queue_quantile=tuning.queue_quantile,
                       miss_above_usd=tuning.miss_above_usd)
-    rows, lines, placed, spot = [], {}, report_jobs, {}
+    rows, lines, placed, spot, spend = [], {}, report_jobs, {}, []
     for c in contenders(threshold_limits=threshold_limits, ours=ours, spot_limits=spot_limits):
         m, outcomes = replay_outcomes(scenario, c, report_jobs)
         rows.append(m)
@@ -496,6 +535,7 @@ def run_comparison(capacity: int | None = None, *, load: float | None = None, se
             lines[c.name] = timeline(outcomes)
         if c.name == "ours":
             placed = [o.job for o in outcomes if not o.unplaceable]
+            spend = spend_by_class(outcomes)
     per_job = bound_metrics(scenario, report_jobs)
     rows.append(per_job)
     by = {r.name: r for r in rows}
@@ -509,7 +549,8 @@ def run_comparison(capacity: int | None = None, *, load: float | None = None, se
     targets = check_targets(rows, ratio, bound.get("usd"))
     fronts = {f: [asdict(p) for p in frontier(family_points(rows, f))] for f in FAMILIES}
     return Report(capacity, ratio, seed, tuning, rows, targets, time.perf_counter() - t0, deadlines,
-                  {k: str(v) for k, v in site_traces(spot_dir).items()}, fronts, bound, lines, spot, str(policy_path))
+                  {k: str(v) for k, v in site_traces(spot_dir).items()}, fronts, bound, lines, spot, str(policy_path),
+                  spend)
 
 
 def write_outputs(reports: Sequence[Report], out: Path | str) -> list[Path]:

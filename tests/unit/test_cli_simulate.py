@@ -86,6 +86,10 @@ def test_any_trace_directory_job_file_regimes_and_seeds_with_plots_in_mlflow(tmp
         assert r["bound"]["status"] == "optimal"
         assert r["bound"]["usd"] <= next(x for x in r["rows"] if x["name"] == "ours")["total_usd"]
         assert r["targets"]["reference"] == "threshold_burst"
+        ours = next(x for x in r["rows"] if x["name"] == "ours")
+        assert sum(x["usd"] for x in r["spend"]) == pytest.approx(ours["total_usd"], abs=0.01)  # every dollar placed
+        assert sum(x["jobs"] for x in r["spend"] if x["where"] == "on-prem") > 0
+    assert "Where ours spent $" in result.stdout
     tight = [r for r in reports if r["deadlines"] == "tight"]
     loose = [r for r in reports if r["deadlines"] == "loose"]
     assert sum(x["misses"] for r in tight for x in r["rows"] if x["name"] == "threshold_0") > \

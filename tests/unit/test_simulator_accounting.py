@@ -8,9 +8,16 @@ import dataclasses
 import pytest
 
 from hybridtrain.placement.queue_state import QueueTier
-from hybridtrain.simulation.comparison import default_scenario, metrics
+from hybridtrain.simulation.comparison import (
+    CLOUD_AFTER_ONPREM,
+    CLOUD_AT_ARRIVAL,
+    ONPREM,
+    default_scenario,
+    metrics,
+    spend_by_class,
+)
 from hybridtrain.simulation.conservation import ConservationError, check_conservation
-from hybridtrain.simulation.simulator import Contender, Outcome, Simulation
+from hybridtrain.simulation.simulator import Contender, Outcome, Simulation, contenders
 from hybridtrain.simulation.workload import SimJob
 from hybridtrain.specs.job import Sensitivity
 
@@ -58,6 +65,25 @@ def test_an_evicted_run_moved_to_the_cloud_from_its_queue_keeps_its_checkpointed
     assert m.cloud_usd == pytest.approx(out.cloud_usd)  # the on-prem part is not cloud spend
     assert m.total_usd == pytest.approx(out.cost_usd + sim.outcomes["r"].cost_usd)
     check_conservation(scenario, [out, sim.outcomes["r"]])
+    spend = {(x["job_class"], x["where"]): x for x in spend_by_class([out, sim.outcomes["r"]])}
+    assert set(spend) == {("standard", ONPREM), ("standard", CLOUD_AFTER_ONPREM)}
+    assert spend["standard", ONPREM]["jobs"] == 2  # a's first 2 h and the blocker
+    assert spend["standard", ONPREM]["usd"] == pytest.approx(out.onprem_usd + sim.outcomes["r"].cost_usd, abs=1e-3)
+    moved = spend["standard", CLOUD_AFTER_ONPREM]
+    assert moved["jobs"] == 1 and moved["usd"] == pytest.approx(out.cloud_usd, abs=1e-3)
+    assert moved["od_gpu_hours"] + moved["spot_gpu_hours"] == pytest.approx(2.0)
+    assert sum(x["usd"] for x in spend.values()) == pytest.approx(m.total_usd, abs=1e-2)
+
+
+def test_a_job_sent_to_the_cloud_when_it_arrives_is_spent_there():
+    scenario = default_scenario(1)
+    cloud = next(c for c in contenders(threshold_limits=(0,)) if c.name == "cloud_on_demand")
+    outs = Simulation(scenario, cloud).run([job("a", 2.0, job_class="production"), job("b", 1.0, arrival=H)])
+    spend = spend_by_class(outs)
+    assert [(x["job_class"], x["where"], x["jobs"]) for x in spend] == [("production", CLOUD_AT_ARRIVAL, 1),
+                                                                      ("standard", CLOUD_AT_ARRIVAL, 1)]
+    assert sum(x["usd"] for x in spend) == pytest.approx(metrics("c", outs, 1).total_usd, abs=1e-2)
+    assert sum(x["onprem_gpu_hours"] for x in spend) == 0
 
 
 def test_conservation_names_the_job_whose_work_or_spend_does_not_add_up():
