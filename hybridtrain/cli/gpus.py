@@ -48,8 +48,7 @@ def gpus(
         elif h is UNKNOWN:
             table.add_row(escape(name), "a process that did not say", "", "")
         else:
-            table.add_row(escape(name), escape(f"job {h.job} at site {h.site}"), str(h.pid),
-                          h.since[:19].replace("T", " "))
+            table.add_row(escape(name), escape(f"job {h.job} at site {h.site}"), str(h.pid), h.started)
     console.print(table)
     free = sum(h is None for h in held.values())
     console.print(f"{free} of {len(held)} free")

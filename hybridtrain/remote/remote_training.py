@@ -204,7 +204,8 @@ def ssh_train(
                 workdir=remote.job_dir(job_id),
                 env={"PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1",
                      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(shutdown_s),
-                     "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", **visible_devices(devices, host, cpu_only=spec.resources.gpus == 0)},
+                     "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+                     **visible_devices(devices, host, cpu_only=spec.resources.gpus == 0)},
             )
         try:
             remote.stream(job, emit, poll_interval=poll_interval, timeout=limit)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import socket
 import time
@@ -55,8 +56,8 @@ def gpu_wait_s(env: dict[str, str] | None = None) -> float:
     try:
         wait = float(raw)
     except ValueError:
-        wait = float("nan")
-    if not (wait >= 0 and wait != float("inf")):
+        wait = math.nan
+    if not (math.isfinite(wait) and wait >= 0):
         raise SpecError("the worker's environment", [Problem(
             WAIT_ENV, f"{raw!r} is not a number of seconds >= 0: set {WAIT_ENV} to how long a job may wait "
                       "for busy GPUs (e.g. 3600), or unset it for the default (6 h)")])
@@ -85,8 +86,13 @@ class GpuHolder:
     host: str
     since: str  # ISO 8601, UTC
 
+    @property
+    def started(self) -> str:
+        """When it claimed the GPU, as ``2026-11-28 13:10:38`` (UTC)."""
+        return self.since[:19].replace("T", " ")
+
     def line(self) -> str:
-        return f"job {self.job} at site {self.site} (pid {self.pid}, since {self.since[:19].replace('T', ' ')} UTC)"
+        return f"job {self.job} at site {self.site} (pid {self.pid}, since {self.started} UTC)"
 
     @classmethod
     def parse(cls, raw: bytes) -> GpuHolder | None:
@@ -212,10 +218,6 @@ class LocalGpus:
                     continue
                 out[name] = None  # closing the file drops the lock just taken
         return out
-
-    def busy(self) -> int:
-        """How many of this machine's GPUs other jobs hold now."""
-        return sum(h is not None for h in self.holders().values())
 
     def claim(self, n: int, *, job: str, site: str, wait_s: float | None = None, poll_s: float = 2.0,
               say: Callable[[str], None] | None = None) -> ClaimedGpus:
