@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel, Field, FiniteFloat, ValidationError
 
 from hybridtrain.errors import DataError, Problem
 from hybridtrain.placement.spot_market import SpotOutlook
+from hybridtrain.specs.config_file import problems_from_validation_error
 
 #: Where the copied traces live, relative to the repository root.
 TRACES_DIR = Path(__file__).resolve().parents[2] / "data" / "traces"
@@ -66,6 +68,20 @@ def load_pods(path: Path | str = POD_TRACE) -> list[Pod]:
     return pods
 
 
+TRACE_LAYOUT = '{"metadata": {"gap_seconds": N > 0}, "data": [one number per tick, 0 = spot available, ...]}'
+
+
+class _TraceMetadata(BaseModel):
+    gap_seconds: FiniteFloat = Field(gt=0)
+
+
+class _TraceFile(BaseModel):
+    """The part of a SkyPilot spot-trace file the simulator reads (other keys, e.g. ``prices``, are ignored)."""
+
+    metadata: _TraceMetadata
+    data: list[FiniteFloat] = Field(min_length=1)
+
+
 class SpotTrace:
     """Spot availability over time, from one SkyPilot trace file (cyclic)."""
 
@@ -95,11 +111,15 @@ class SpotTrace:
     def load(cls, path: Path | str, convention: str = NONZERO_IS_UNAVAILABLE) -> SpotTrace:
         path = Path(path)
         try:
-            doc = json.loads(path.read_text())
-            values = np.asarray(doc["data"], dtype=float)
-            gap = float(doc["metadata"]["gap_seconds"])
-        except (OSError, ValueError, KeyError) as exc:
-            raise DataError(str(path), [Problem("", f"not a SkyPilot spot trace: {exc}")]) from None
+            doc = _TraceFile.model_validate(json.loads(path.read_text()))
+        except ValidationError as exc:
+            problems = [p if p.path else replace(p, message="not a JSON object") for p in
+                        problems_from_validation_error(exc)[:3]]
+            raise DataError(str(path), [*problems, Problem("expected", TRACE_LAYOUT)]) from None
+        except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
+            raise DataError(str(path), [Problem("", f"not a SkyPilot spot trace: {exc}"),
+                                        Problem("expected", TRACE_LAYOUT)]) from None
+        values, gap = np.asarray(doc.data, dtype=float), doc.metadata.gap_seconds
         if convention == NONZERO_IS_UNAVAILABLE:
             available = values == 0
         elif convention == NONZERO_IS_AVAILABLE:

@@ -127,3 +127,23 @@ def test_a_spot_trace_directory_without_traces_is_named(tmp_path):
     result = run("--spot-traces", str(tmp_path / "empty"), "--capacity", "4", "--out", str(tmp_path / "o"))
     assert result.returncode == 3 and "Traceback" not in result.stderr
     assert "holds no *.json spot trace" in result.stderr
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ('[{"capacity": 10, "seed": 2024}]', "(top level): not a JSON object"),  # e.g. a saved comparison.json
+    ('{"metadata": {"gap_seconds": 0}, "data": [0, 1]}', "metadata.gap_seconds: Input should be greater than 0"),
+    ('{"metadata": {"gap_seconds": 32}, "data": []}', "data: List should have at least 1 item"),
+    ('{"metadata": {"gap_seconds": 32}, "data": [0, "gone"]}', "data[1]: Input should be a valid number"),
+    ('{"metadata": {"gap_seconds": 32}, "data": [0, NaN]}', "data[1]: Input should be a finite number"),
+    ("\xff not json", "not a SkyPilot spot trace"),
+])
+def test_a_file_that_is_not_a_spot_trace_is_named_with_the_field_and_the_layout(tmp_path, content, says):
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "a.json").write_text(content, encoding="latin-1")
+    result = run("--spot-traces", str(traces), "--capacity", "4", "--out", str(tmp_path / "o"))
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert str(traces / "a.json") in result.stderr and says in result.stderr, result.stderr
+    assert '"gap_seconds": N > 0' in result.stderr  # the layout a trace must have
+    assert not (tmp_path / "o" / "comparison.json").exists()
