@@ -1,10 +1,15 @@
 """Simulator: a discrete-event replay of jobs through the production placement engine, with a simulated clock.
 
 Nothing here decides where a job goes: every placement is ``Placement.decide`` (with the strategy
-under test), every move or eviction is ``plan_bursts``, every slot hand-out is ``admit``, every
-spot-or-on-demand switch is a ``SpotRule`` — the same code the flows call (for our policy the
-controller also runs as soon as a run is queued as urgent, not only at its next tick). The
-simulator only supplies what the live system would: the clock, the on-prem pool's state (for our policy one work
+under test), every move or eviction is ``plan_bursts``, every slot hand-out is ``admit`` — the
+same code the flows call (for our policy the controller also runs as soon as a run is queued as
+urgent, not only at its next tick). One part is the simulator's own, not the flows': what a spot
+run does while its spot is gone. Here a ``SpotRule`` decides (wait for spot while ahead of the
+deadline's line, else on-demand at its site, or fail over to another site's spot); the live
+recovery instead places a preempted run again at once through the engine, with the site that
+took its capacity back left out (``hybridtrain.training.recovery``), so a simulated spot run may
+wait where a live one would move (on-prem included). The simulator only supplies what the live
+system would: the clock, the on-prem pool's state (for our policy one work
 queue per ``QueueTier``; for the baselines a single queue), queue snapshots built from the
 engine's *own* duration estimates (a ``HistoryQuantile`` learning from the runs that finished so
 far), spot outlooks read from the spot trace up to "now", and — when a run actually executes —
@@ -107,7 +112,7 @@ class Contender:
     #: the policy's ``miss_above_usd`` for onprem_first and deadline_spot (None: as the policy file says)
     miss_above_usd: float | None = None
     #: a spot run whose spot is gone, about to fall back to on-demand, moves to another allowed site's
-    #: spot when that is there and cheaper (``Simulation.failover_site``), as the live recovery re-places it
+    #: spot when that is there and cheaper (``Simulation.failover_site``; the live recovery re-places at once)
     spot_failover: bool = True
 
 
@@ -641,8 +646,9 @@ class Simulation:
         once the run has started there (the spot rule there would take spot, not on-demand).
         Returns (site, seconds before it can run there, USD of the move), or None: stay.
 
-        The live recovery does the same on a spot notice: it places the run again with the site
-        that took its capacity back left out (``hybridtrain.training.recovery``).
+        The live recovery moves sooner and more widely: on a spot notice it places the run again at
+        once, with the site that took its capacity back left out, and any other allowed site (on-prem,
+        spot or on-demand) may take it (``hybridtrain.training.recovery``).
         """
         cm = self.sc.cost_model
         src = self.sc.site(self.data_site)
