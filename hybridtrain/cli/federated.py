@@ -66,7 +66,7 @@ def split_sites(
         if pin is not None:
             pin_parts(pin if pin.is_absolute() else ws.root / pin, parts)
     except HybridtrainError as exc:
-        err_console.print("error:", str(exc), style="red", highlight=False, markup=False)
+        err_console.print("error:", str(exc), style="red", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     for p in parts:
         console.print(f"{p['site']}: {p['path']} md5 {p['md5']}", highlight=False)

@@ -319,7 +319,7 @@ def main() -> None:
     try:
         app()
     except HybridtrainError as exc:  # a command that forgot to catch: still no traceback
-        err.print(f"error: {exc}", markup=False, highlight=False)
+        err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)  # as ``fail``: lines kept whole
         sys.exit(exc.exit_code)
 
 

@@ -73,7 +73,7 @@ def parse_spot(text: str, sites: SitesCatalog) -> tuple[str, SpotOutlook]:
 
 def fail(exc: HybridtrainError) -> typer.Exit:
     """Print a user error without a traceback; the exit status says which kind it was."""
-    err_console.print("error:", str(exc), style="red", highlight=False, markup=False)
+    err_console.print("error:", str(exc), style="red", highlight=False, markup=False, soft_wrap=True)
     return typer.Exit(exc.exit_code)
 
 

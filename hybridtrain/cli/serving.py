@@ -37,7 +37,7 @@ KeyOpt = Annotated[Path | None, typer.Option(
 
 
 def _fail(exc: HybridtrainError) -> typer.Exit:
-    err_console.print("error:", str(exc), style="red", highlight=False, markup=False)
+    err_console.print("error:", str(exc), style="red", highlight=False, markup=False, soft_wrap=True)
     return typer.Exit(exc.exit_code)
 
 
