@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, Field, FiniteFloat, ValidationError
+from pydantic import BaseModel, Field, FiniteFloat, ValidationError, field_validator
 
 from hybridtrain.errors import DataError, Problem
 from hybridtrain.placement.spot_market import SpotOutlook
@@ -51,20 +51,53 @@ class Pod:
     deletion: float
 
 
+#: The pod-trace columns the simulator reads (others, e.g. ``cpu_milli``, are ignored).
+POD_COLUMNS = ("name", "num_gpu", "gpu_milli", "qos", "pod_phase", "creation_time", "deletion_time", "scheduled_time")
+
+
+class _PodRow(BaseModel):
+    name: str
+    num_gpu: int = Field(ge=0)
+    gpu_milli: int = Field(ge=0)
+    qos: str
+    pod_phase: str
+    creation_time: FiniteFloat
+    deletion_time: FiniteFloat
+    scheduled_time: FiniteFloat | None = None
+
+    @field_validator("scheduled_time", mode="before")
+    @classmethod
+    def _blank_is_none(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+
 def load_pods(path: Path | str = POD_TRACE) -> list[Pod]:
-    """Every pod of the trace, in file order."""
+    """Every pod of the trace, in file order; ``DataError`` names each bad cell (column and line), at most 20."""
     path = Path(path)
     if not path.is_file():
         raise DataError(str(path), [Problem("", "pod trace not found; restore data/traces or pass --pods")])
-    pods = []
-    with path.open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            sched = row["scheduled_time"]
-            pods.append(Pod(
-                name=row["name"], num_gpu=int(row["num_gpu"]), gpu_milli=int(row["gpu_milli"]), qos=row["qos"],
-                phase=row["pod_phase"], creation=float(row["creation_time"]),
-                scheduled=float(sched) if sched else None, deletion=float(row["deletion_time"]),
-            ))
+    pods, problems = [], []
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in POD_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise DataError(str(path), [Problem("columns", f"missing {', '.join(missing)}: a pod trace (the "
+                                                               "Alibaba GPU trace's layout) has " + ", ".join(POD_COLUMNS))])
+            for line, row in enumerate(reader, start=2):
+                try:
+                    r = _PodRow.model_validate({c: row[c] for c in POD_COLUMNS})
+                except ValidationError as exc:
+                    problems += [replace(q, line=line) for q in problems_from_validation_error(exc)]
+                    if len(problems) >= 20:
+                        break
+                    continue
+                pods.append(Pod(name=r.name, num_gpu=r.num_gpu, gpu_milli=r.gpu_milli, qos=r.qos, phase=r.pod_phase,
+                                creation=r.creation_time, scheduled=r.scheduled_time, deletion=r.deletion_time))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(str(path), [Problem("", f"not a CSV pod trace: {exc}")]) from None
+    if problems:
+        raise DataError(str(path), problems[:20])
     return pods
 
 

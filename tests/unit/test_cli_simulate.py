@@ -144,6 +144,29 @@ def test_a_file_that_is_not_a_spot_trace_is_named_with_the_field_and_the_layout(
     result = run("--spot-traces", str(traces), "--capacity", "4", "--out", str(tmp_path / "o"))
     assert result.returncode == 3, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    assert str(traces / "a.json") in result.stderr and says in result.stderr, result.stderr
+    # lines kept whole, however long the path (a piped console would wrap them at 80 columns)
+    assert result.stderr.splitlines()[0] == f"error: dataset {traces / 'a.json'} failed validation:", result.stderr
+    assert says in result.stderr, result.stderr
     assert '"gap_seconds": N > 0' in result.stderr  # the layout a trace must have
+    assert not (tmp_path / "o" / "comparison.json").exists()
+
+
+HEADER = "name,num_gpu,gpu_milli,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ("name,num_gpu\nx,1\n", "columns: missing gpu_milli, qos, pod_phase"),
+    (HEADER + "a,1,1000,LS,Running,0,100,\nb,two,1000,LS,Running,0,100,0\n", "num_gpu (line 3): Input should be a valid integer"),
+    (HEADER + "a,1,1000,LS,Running,0,inf,0\n", "deletion_time (line 2): Input should be a finite number"),
+    (HEADER + "a,-1,1000,LS,Running,0,100,0\n", "num_gpu (line 2): Input should be greater than or equal to 0"),
+    ("\xff\xfe not text", "not a CSV pod trace"),
+])
+def test_a_bad_pod_trace_is_named_with_its_column_and_line(tmp_path, content, says):
+    pods = tmp_path / "pods.csv"
+    pods.write_text(content, encoding="latin-1")
+    result = run("--pods", str(pods), "--capacity", "4", "--out", str(tmp_path / "o"))
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stderr.splitlines()[0] == f"error: dataset {pods} failed validation:", result.stderr
+    assert says in result.stderr, result.stderr
     assert not (tmp_path / "o" / "comparison.json").exists()
