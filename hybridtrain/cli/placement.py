@@ -111,6 +111,16 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="Print the decision as JSON.")] = False,
 ) -> None:
     """Where SPEC would train now, at what estimated cost, and why — without running anything."""
+    if run_hours is not None and not (math.isfinite(run_hours) and run_hours > 0):
+        raise bad_option("--run-hours", f"{run_hours} is not a run time; give the hours the run takes, a finite "
+                                        "number > 0 (e.g. --run-hours 2.5), or leave it out for the spec's max_hours")
+    if dataset_bytes < 0:
+        raise bad_option("--dataset-bytes", f"{dataset_bytes} is not a size; give the bytes sync would send, >= 0")
+    if now is not None:
+        try:
+            datetime.fromisoformat(now.replace("Z", "+00:00"))
+        except ValueError:
+            raise bad_option("--now", f"{now!r} is not an ISO time; give e.g. 2026-11-28T09:00:00Z") from None
     try:
         sites = SitesCatalog.load(sites_path)
         policy = Policy.load(policy_path, sites)

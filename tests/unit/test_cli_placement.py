@@ -81,7 +81,19 @@ def test_user_mistakes_exit_non_zero_without_traceback(tmp_path):
 
 def test_a_bad_clock_is_a_user_error(tmp_path):
     result = runner.invoke(app, ["plan", spec(tmp_path), "--sites", SITES, "--policy", POLICY, "--now", "yesterday"])
-    assert result.exit_code == 2 and "Invalid isoformat" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert flat(result.output) == "error: --now: 'yesterday' is not an ISO time; give e.g. 2026-11-28T09:00:00Z"
+
+
+def test_a_run_time_or_size_no_run_can_have_is_refused_naming_the_option(tmp_path):
+    # a run of -3 h used to be planned as a 1-second run costing $0.00
+    for args, option in ((["--run-hours", "-3"], "--run-hours"), (["--run-hours", "0"], "--run-hours"),
+                         (["--run-hours", "nan"], "--run-hours"), (["--run-hours", "inf"], "--run-hours"),
+                         (["--dataset-bytes", "-5"], "--dataset-bytes")):
+        result = plan(spec(tmp_path), *args)
+        assert result.exit_code == 2 and "Traceback" not in result.output, (args, result.output)
+        assert flat(result.output).startswith(f"error: {option}: ") and "is not a" in result.output, result.output
+        assert "$0.00" not in result.output
 
 
 def test_plan_reports_a_spec_that_no_site_may_run(tmp_path):
