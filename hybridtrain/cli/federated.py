@@ -13,7 +13,7 @@ from hybridtrain.errors import HybridtrainError, Problem, SpecError
 from hybridtrain.workspace import Workspace
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # error lines stay whole in a pipe or a log
 
 
 def ensure_site_data(ws: Workspace, site_names: list[str], rows: int, seed: int) -> list[dict[str, str]]:

@@ -50,7 +50,7 @@ from hybridtrain.tracking.model_registry import CHAMPION, Registry
 from hybridtrain.workspace import Workspace
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # error lines stay whole in a pipe or a log
 audit_app = typer.Typer(help="The audit log: verify its hash chain and head anchor.", no_args_is_help=True)
 bundle_app = typer.Typer(help="Signed model bundles: verify one.", no_args_is_help=True)
 

@@ -45,7 +45,8 @@ data_app = typer.Typer(help="The churn sample dataset (synthetic customers): gen
 app.add_typer(data_app, name="data")
 # Piped output (CI logs, `make demo | tee`) gets a wide fixed width instead of rich's 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+# soft_wrap: an error or warning line stays whole in a pipe or a log, however long its paths
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 120, soft_wrap=True)
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Workspace root (default: HYBRIDTRAIN_HOME or cwd).")]
 UI_HINT = (
@@ -95,7 +96,7 @@ def validate(
             console.print(f"[green]ok[/] {escape(str(f))} ({kind})")
         except HybridtrainError as exc:
             failed += 1
-            err.print(f"[bold red]invalid[/] {escape(str(exc))}", highlight=False)
+            err.print(f"[bold red]invalid[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     if failed:
         raise typer.Exit(2)
 

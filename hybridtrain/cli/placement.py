@@ -31,7 +31,7 @@ from hybridtrain.specs.sites import SitesCatalog
 from hybridtrain.validation import load_job
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # error lines stay whole in a pipe or a log
 
 
 def wide() -> Console:

@@ -26,7 +26,7 @@ from hybridtrain.errors import HybridtrainError
 from hybridtrain.workspace import Workspace
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # error lines stay whole in a pipe or a log
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Workspace root (default: HYBRIDTRAIN_HOME or cwd).")]
 SpecOpt = Annotated[Path | None, typer.Option("--spec", help="Job spec whose promotion.release_targets name TARGET.")]
