@@ -39,11 +39,12 @@ KINDS = ("TrainingJob", "SitesCatalog", "PlacementPolicy")
 def job_problems(spec: JobSpec, sites: SitesCatalog | None = None, policy: Policy | None = None) -> list[Problem]:
     """Every problem of ``spec``: its own rules, then what it names in ``sites``, ``policy`` and the registries."""
     return [*check_semantics(spec, sites), *promotion_problems(spec, sites), *placement_problems(spec, policy),
-            *sweep_problems(spec)]
+            *sweep_problems(spec, policy)]
 
 
-def sweep_problems(spec: JobSpec) -> list[Problem]:
-    """``sweep.sampler.name`` and ``sweep.pruner.name`` must be registered samplers and pruners."""
+def sweep_problems(spec: JobSpec, policy: Policy | None = None) -> list[Problem]:
+    """``sweep.sampler.name`` and ``sweep.pruner.name`` must be registered samplers and pruners, and
+    ``sweep.job_class`` (the trials' placement class) a class of the policy."""
     p: list[Problem] = []
     if spec.sweep is None:
         return p
@@ -51,6 +52,10 @@ def sweep_problems(spec: JobSpec) -> list[Problem]:
         p.append(Problem("sweep.sampler.name", SAMPLERS.unknown_message(spec.sweep.sampler.name)))
     if spec.sweep.pruner.name not in PRUNERS:
         p.append(Problem("sweep.pruner.name", PRUNERS.unknown_message(spec.sweep.pruner.name)))
+    job_class = spec.sweep.job_class
+    if policy is not None and job_class not in policy.job_classes:
+        p.append(Problem("sweep.job_class", f"unknown job class {job_class!r}; the policy knows: "
+                                            f"{', '.join(sorted(policy.job_classes))}"))
     return p
 
 

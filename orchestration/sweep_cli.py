@@ -15,13 +15,14 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hybridtrain.errors import HybridtrainError, Problem, SpecError
 from hybridtrain.workspace import Workspace
 
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # error lines stay whole in a pipe or a log
 
 
 def _ws(home: Path | None) -> Workspace:
@@ -36,7 +37,8 @@ def _ws(home: Path | None) -> Workspace:
 
 
 def _fail(exc: HybridtrainError) -> None:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+    # text, not markup (rich would eat "[a, b]" in it); soft_wrap keeps each line whole in a pipe or a log
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True, soft_wrap=True)
     raise typer.Exit(exc.exit_code)
 
 
@@ -55,7 +57,8 @@ def sweep(
     home: Annotated[Path | None, typer.Option("--home", help="Workspace root (default: HYBRIDTRAIN_HOME or cwd).")] = None,
 ) -> None:
     """Run the hyperparameter sweep of SPEC (or --plan it) and print every trial and the best one."""
-    from hybridtrain.specs.job import load_spec
+    from hybridtrain.placement.policy import Policy
+    from hybridtrain.validation import load_job
 
     if dispatch not in ("auto", "inline", "pools"):
         err.print(f"--dispatch must be auto, inline or pools, not {dispatch!r}")
@@ -64,12 +67,13 @@ def sweep(
     path = spec if spec.is_absolute() else ws.root / spec
     try:
         sites = ws.load_sites()
-        job = load_spec(path, sites)
+        # every check `hybridtrain validate` makes (samplers, pruners, the policy's job classes, gates...)
+        job = load_job(path, sites, Policy.load(ws.policy_file, sites) if ws.policy_file.is_file() else None)
         if job.sweep is None:
             raise SpecError(str(spec), [Problem("sweep", "this job spec has no sweep section: add one (README, "
                                                          "'Hyperparameter sweeps') or run it with `hybridtrain run`")])
         if plan:
-            _print_plan(ws, job, sites, dataset_bytes, queue or [], as_json)
+            _print_plan(ws, job, sites, dataset_bytes, queue or [], as_json, storage)
             return
         from orchestration.session import open_session, owned_runs  # lazy: heavy (prefect)
 
@@ -87,7 +91,8 @@ def sweep(
     print_summary(summary)
 
 
-def _print_plan(ws: Any, job: Any, sites: Any, dataset_bytes: int, queue: list[str], as_json: bool) -> None:
+def _print_plan(ws: Any, job: Any, sites: Any, dataset_bytes: int, queue: list[str], as_json: bool,
+                storage: str | None = None) -> None:
     from hybridtrain.cli.placement import parse_queue
     from hybridtrain.placement.policy import Policy
     from hybridtrain.sweeps.plan import plan_sweep
@@ -114,7 +119,11 @@ def _print_plan(ws: Any, job: Any, sites: Any, dataset_bytes: int, queue: list[s
         console.print(f"  - {where}: {n} trials")
     for site, why in result.rejected.items():
         console.print(f"  rejected {site}: {why}", highlight=False)
-    console.print(f"Study storage: {storage_url(ws).split('@')[-1]}")
+    if job.budget_usd is not None and result.cost_usd > job.budget_usd:
+        console.print(f"[yellow]Note:[/] budget_usd (${job.budget_usd:g}) is checked for each trial; the whole "
+                      f"sweep may cost up to ${result.cost_usd:.2f} (lower n_trials, or run trials on cheaper "
+                      "capacity).", highlight=False)
+    console.print(f"Study storage: {storage_url(ws, storage).split('@')[-1]}", highlight=False)
 
 
 def print_summary(summary: Any) -> None:

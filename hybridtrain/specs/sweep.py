@@ -24,10 +24,11 @@ the width of layer N. The JSON Schema of job specs (``hybridtrain schema``) incl
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator, model_validator
 
 from hybridtrain.errors import Problem
 
@@ -41,7 +42,7 @@ TUNABLE: dict[str, type] = {
     "hidden_layers": list,
     "seed": int,
 }
-LAYER_RE = re.compile(r"^hidden_layers\.([0-9]{1,2})$")
+LAYER_RE = re.compile(r"^hidden_layers\.(0|[1-9][0-9]?)$")  # one name per layer: no leading zeros
 #: Metrics the trainer reports per epoch (``Trainer.fit``'s ``on_epoch``: ``train_loss`` and ``val_<m>`` for
 #: each of ``job.METRICS``; this module cannot import job.py, which imports it — a unit test keeps them equal).
 OBJECTIVE_METRICS = ("train_loss", "val_auc", "val_accuracy", "val_f1", "val_precision", "val_recall",
@@ -53,14 +54,27 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+def _not_a_bool(v: Any) -> Any:
+    """A count or seed given as true/false is a mistake (pydantic would read true as 1)."""
+    if isinstance(v, bool):
+        raise ValueError(f"{str(v).lower()} is not a whole number")
+    return v
+
+
+def _by_name(v: Any) -> Any:
+    """``sampler: tpe`` is short for ``sampler: {name: tpe}`` (and the same for the pruner)."""
+    return {"name": v} if isinstance(v, str) else v
+
+
 class Parameter(Strict):
     """One dimension of the search space."""
 
     type: Literal["float", "int", "categorical"] = Field(description="float, int or categorical.")
-    low: float | None = Field(None, description="float/int: smallest value (inclusive).")
-    high: float | None = Field(None, description="float/int: largest value (inclusive).")
-    log: bool = Field(False, description="float/int: sample on a log scale (low must be > 0).")
-    step: float | None = Field(None, gt=0, description="float/int: spacing of the values (not with log).")
+    low: FiniteFloat | None = Field(None, description="float/int: smallest value (inclusive).")
+    high: FiniteFloat | None = Field(None, description="float/int: largest value (inclusive).")
+    log: bool = Field(False, strict=True, description="float/int: sample on a log scale (low must be > 0).")
+    step: FiniteFloat | None = Field(None, gt=0, description="float/int: spacing of the values from low to high "
+                                                             "(not with log; high - low a whole number of steps).")
     choices: list[Any] | None = Field(
         None, min_length=1, description="categorical: the values to choose from (numbers, strings, booleans, or "
         "lists of layer widths for hidden_layers).")
@@ -88,6 +102,13 @@ class Parameter(Strict):
                 v = getattr(self, name)
                 if v is not None and float(v) != int(v):
                     raise ValueError(f"an int parameter needs a whole {name}, got {v:g}")
+        if self.step is not None:
+            steps = (self.high - self.low) / self.step
+            if not math.isclose(steps, round(steps), rel_tol=0, abs_tol=1e-9 * max(1.0, steps)):
+                top = self.low + math.floor(steps) * self.step
+                raise ValueError(f"high ({self.high:g}) is not low ({self.low:g}) plus a whole number of steps "
+                                 f"({self.step:g}): only values up to {top:g} would be tried; set high to {top:g} "
+                                 f"or {top + self.step:g}, or change step")
         return self
 
 
@@ -105,6 +126,15 @@ class Objective(Strict):
             raise ValueError(f"unknown metric {v!r}; use one of {', '.join(OBJECTIVE_METRICS)}")
         return v
 
+    @model_validator(mode="after")
+    def _direction_fits(self) -> Objective:
+        better = "minimize" if self.metric in LOWER_IS_BETTER else "maximize"
+        if self.direction is not None and self.direction != better:
+            lower = "lower" if better == "minimize" else "higher"
+            raise ValueError(f"{self.metric} is better {lower}: direction {self.direction} would pick the worst "
+                             f"trial; use direction: {better}, or leave direction out")
+        return self
+
     @property
     def resolved_direction(self) -> str:
         if self.direction is not None:
@@ -117,6 +147,8 @@ class SamplerSpec(Strict):
 
     name: str = Field("tpe", description="tpe (default), random, qmc or grid (categorical parameters only).")
     seed: int | None = Field(0, ge=0, description="Seed of the sampler (same seed, same proposals); null: random.")
+
+    _seed_not_bool = field_validator("seed", "n_startup_trials", mode="before")(_not_a_bool)
     n_startup_trials: int = Field(
         8, ge=0, description="tpe: trials sampled at random before the model-based proposals start.")
 
@@ -129,6 +161,9 @@ class PrunerSpec(Strict):
     startup_trials: int = Field(4, ge=0, description="median: trials that finish before any is pruned.")
     min_epochs: int = Field(1, ge=1, description="asha: epochs of the first rung (min resource).")
     reduction_factor: int = Field(3, ge=2, description="asha: only the top 1/reduction_factor of a rung goes on.")
+
+    _counts_not_bool = field_validator("warmup_epochs", "startup_trials", "min_epochs", "reduction_factor",
+                                       mode="before")(_not_a_bool)
 
 
 class SweepSpec(Strict):
@@ -152,6 +187,17 @@ class SweepSpec(Strict):
         None, ge=0, description="Stop starting new trials after this many failed ones (default: never; a failed "
         "trial never stops the others).")
 
+    _counts_not_bool = field_validator("n_trials", "parallelism", "max_failed_trials", mode="before")(_not_a_bool)
+    _shorthand = field_validator("sampler", "pruner", mode="before")(_by_name)
+
+    @field_validator("study_name", mode="before")
+    @classmethod
+    def _study_name(cls, v: Any) -> Any:
+        if isinstance(v, str) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
+            raise ValueError(f"{v!r} is not a study name: 1-128 ASCII letters, digits, '.', '_' or '-', starting "
+                             "with a letter or digit (e.g. churn-sweep-2)")
+        return v
+
 
 def sweep_problems(sweep: SweepSpec, model: Any) -> list[Problem]:
     """Cross-field rules: parameter names the trainer uses, values the model spec accepts."""
@@ -166,8 +212,11 @@ def sweep_problems(sweep: SweepSpec, model: Any) -> list[Problem]:
             elif int(layer.group(1)) >= widths:
                 p.append(Problem(path, f"model.hidden_layers has {widths} layer(s) (0-{widths - 1}); add layers "
                                        "there or sweep hidden_layers as a categorical list"))
-            if param.type == "float" or (param.type == "int" and (param.low or 0) < 1):
-                p.append(Problem(path, "a layer width is an int of at least 1 (type: int, low >= 1)"))
+            if param.type == "float" or (param.type == "int" and (param.low or 0) < 1) or (
+                    param.type == "categorical" and not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1
+                                                            for c in param.choices or [])):
+                p.append(Problem(path, "a layer width is a whole number of at least 1 (type: int with low >= 1, or "
+                                       "categorical choices such as [32, 64, 128])"))
             continue
         if name not in TUNABLE:
             p.append(Problem(path, f"unknown parameter {name!r}; sweep one of {', '.join(TUNABLE)} or "
@@ -192,6 +241,13 @@ def sweep_problems(sweep: SweepSpec, model: Any) -> list[Problem]:
     if sweep.sampler.name == "grid" and any(x.type != "categorical" for x in sweep.parameters.values()):
         p.append(Problem("sweep.sampler.name", "grid searches categorical parameters only: give every parameter "
                                                "choices, or use tpe or random"))
+    pruner = sweep.pruner
+    first = {"median": ("warmup_epochs", pruner.warmup_epochs), "asha": ("min_epochs", pruner.min_epochs)}
+    if pruner.name in first and "epochs" not in sweep.parameters and first[pruner.name][1] >= model.epochs:
+        field, n = first[pruner.name]
+        p.append(Problem(f"sweep.pruner.{field}", f"{n} is not below model.epochs ({model.epochs}): a trial could be "
+                                                  "stopped only at its last epoch, which saves nothing; lower it, or "
+                                                  "use pruner: none"))
     if "epochs" in sweep.parameters and sweep.pruner.name == "asha":
         p.append(Problem("sweep.pruner.name", "asha compares trials at the same epoch: do not sweep epochs with it "
                                               "(use median, or fix epochs)"))

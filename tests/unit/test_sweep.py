@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -62,6 +63,18 @@ def test_a_spec_without_a_sweep_keeps_its_hash():
     ({"batch_size": {"type": "float", "low": 32, "high": 64}}, "batch_size is a whole number"),
     ({"hidden_layers.5": {"type": "int", "low": 8, "high": 64}}, "model.hidden_layers has 2 layer(s)"),
     ({"hidden_layers": {"type": "categorical", "choices": [32, 64]}}, "lists of layer widths"),
+    # an infinite bound used to be an OverflowError traceback (int) or an Optuna crash at the first trial (float)
+    ({"seed": {"type": "int", "low": 0, "high": float("inf")}}, "Input should be a finite number"),
+    ({"learning_rate": {"type": "float", "low": 1e-4, "high": float("inf")}}, "Input should be a finite number"),
+    # layer widths given as choices were never checked: 'abc' crashed a trial, 12.7 trained width 12
+    ({"hidden_layers.0": {"type": "categorical", "choices": ["abc"]}}, "a layer width is a whole number of at least 1"),
+    ({"hidden_layers.0": {"type": "categorical", "choices": [0, 16]}}, "a layer width is a whole number of at least 1"),
+    ({"hidden_layers.0": {"type": "categorical", "choices": [12.7]}}, "a layer width is a whole number of at least 1"),
+    # one name per layer: hidden_layers.00 and hidden_layers.0 were both sampled, only one used
+    ({"hidden_layers.00": {"type": "int", "low": 8, "high": 64}}, "unknown parameter 'hidden_layers.00'"),
+    # Optuna would quietly try only 0 and 0.3
+    ({"dropout": {"type": "float", "low": 0.0, "high": 0.5, "step": 0.3}},
+     "high (0.5) is not low (0) plus a whole number of steps (0.3): only values up to 0.3 would be tried"),
 ])
 def test_bad_parameters_are_named_with_the_fix(tmp_path, parameters, expected):
     text = problems(write(tmp_path, parameters=parameters))
@@ -168,6 +181,25 @@ def test_cli_plan_and_a_spec_without_a_sweep(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "sweep: this job spec has no sweep section" in bad.stderr
     assert "Traceback" not in bad.stderr
+    # the plan checks what `hybridtrain validate` checks (it used to plan a misspelled sampler and exit 0)
+    data = yaml.safe_load((ws / "jobs" / "churn-sweep.yaml").read_text())
+    data["sweep"]["sampler"] = {"name": "tpee"}
+    (ws / "jobs" / "typo.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    typo = subprocess.run([*exe, "sweep", "jobs/typo.yaml", "--plan", "--home", str(ws)], check=False,
+                          capture_output=True, text=True, timeout=120)
+    assert typo.returncode == 2 and "sweep.sampler.name" in typo.stderr and "unknown sweep sampler 'tpee'" in typo.stderr
+    # --storage is the storage the plan names; a sweep costing more than budget_usd says the budget is per trial
+    data["sweep"]["sampler"] = {"name": "tpe"}
+    data["sweep"]["n_trials"], data["budget_usd"] = 200, 1
+    (ws / "jobs" / "big.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    big = subprocess.run([*exe, "sweep", "jobs/big.yaml", "--plan", "--storage", f"sqlite:///{tmp_path}/other.db",
+                          "--home", str(ws), "--queue", "onprem-dc1=8/20@2"], check=False, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
+    assert big.returncode == 0, big.stderr
+    out = " ".join(big.stdout.split())
+    assert f"Study storage: sqlite:///{tmp_path}/other.db" in out
+    assert "budget_usd ($1) is checked for each trial; the whole sweep may cost up to $" in out
+    assert not (tmp_path / "other.db").exists()
 
 
 def test_a_trial_reports_its_epoch_while_another_reader_holds_the_study_open(tmp_path, monkeypatch):
@@ -238,3 +270,36 @@ def test_trials_are_planned_with_the_job_estimate_until_three_trials_ended_then_
     # Earlier sweeps' trials count from the start, and an estimate never exceeds the limit.
     assert TrialDurations(2.0, 1.0, earlier=[0.5, 0.5, 0.6, 0.5]).run_hours() == pytest.approx(0.6)
     assert TrialDurations(2.0, 1.0, earlier=[3.0, 3.0, 3.0]).run_hours() == 2.0
+
+
+@pytest.mark.parametrize("changes, where, expected", [
+    ({"objective": {"metric": "val_log_loss", "direction": "maximize"}}, "sweep.objective",
+     "val_log_loss is better lower: direction maximize would pick the worst trial; use direction: minimize"),
+    ({"objective": {"metric": "val_auc", "direction": "minimize"}}, "sweep.objective", "use direction: maximize"),
+    ({"n_trials": True}, "sweep.n_trials", "true is not a whole number"),
+    ({"parallelism": False}, "sweep.parallelism", "false is not a whole number"),
+    ({"study_name": ""}, "sweep.study_name", "'' is not a study name: 1-128 ASCII letters"),
+    ({"pruner": {"name": "median", "warmup_epochs": 4}}, "sweep.pruner.warmup_epochs",
+     "4 is not below model.epochs (4): a trial could be stopped only at its last epoch"),
+    ({"pruner": {"name": "asha", "min_epochs": 50}}, "sweep.pruner.min_epochs", "50 is not below model.epochs (4)"),
+])
+def test_sweep_settings_that_would_mislead_are_named_with_the_fix(tmp_path, changes, where, expected):
+    text = problems(write(tmp_path, **changes))
+    assert where in text and expected in text, text
+
+
+def test_sampler_and_pruner_may_be_given_by_name_alone(tmp_path):
+    spec = load_spec(write(tmp_path, sampler="random", pruner="none"), SitesCatalog.load(ROOT / "deployments" / "sites.yaml"))
+    assert spec.sweep.sampler.name == "random" and spec.sweep.pruner.name == "none"
+    assert spec.sweep.sampler.seed == 0  # the other fields keep their defaults
+
+
+def test_the_trials_job_class_must_be_one_of_the_policy(tmp_path):
+    from hybridtrain.placement.policy import Policy
+    from hybridtrain.validation import load_job
+
+    sites = SitesCatalog.load(ROOT / "deployments" / "sites.yaml")
+    with pytest.raises(SpecError) as info:
+        load_job(write(tmp_path, job_class="opportunstic"), sites, Policy.load(ROOT / "deployments" / "policy.yaml", sites))
+    assert "sweep.job_class" in str(info.value) and "unknown job class 'opportunstic'; the policy knows: " \
+        "opportunistic, production, standard" in str(info.value)
