@@ -27,7 +27,7 @@ from hybridtrain.placement.policy import Policy
 from hybridtrain.placement.queue_state import QueueState
 from hybridtrain.placement.request import request_from_spec, to_epoch
 from hybridtrain.placement.spot_market import SpotOutlook
-from hybridtrain.specs.sites import SitesCatalog
+from hybridtrain.specs.sites import CapacityClass, Site, SitesCatalog
 from hybridtrain.validation import load_job
 
 console = Console()
@@ -39,21 +39,58 @@ def wide() -> Console:
     return Console(width=max(console.width, 150))
 
 
+class OptionError(SpecError):
+    """A ``--queue`` or ``--spot`` value that cannot be: one line naming the option, the value and the fix (exit 2)."""
+
+    def __init__(self, option: str, text: str, message: str):
+        problem = Problem(text, message)
+        self.source, self.problems = option, [problem]
+        HybridtrainError.__init__(self, f"{option}: {text!r}: {message}")
+
+
+#: Bounds of a ``--queue`` snapshot: one run of at most a year, at most a million runs, and at most ten
+#: years of work ahead of a new run (the times a plan prints stay dates a calendar has).
+QUEUE_MAX_RUN_HOURS = 24 * 365
+QUEUE_MAX_RUNS = 1_000_000
+QUEUE_MAX_BACKLOG_HOURS = 10 * 24 * 365
+#: Most preemptions per hour a ``--spot`` outlook may give (one a minute: no training progresses faster).
+SPOT_MAX_PREEMPTIONS_PER_HOUR = 60.0
+QUEUE_FORMAT = "expected SITE=RUNNING/QUEUED[@HOURS], e.g. onprem-dc1=8/3@2"
+SPOT_FORMAT = "expected SITE=AVAILABILITY[/PREEMPTIONS_PER_HOUR], availability in (0, 1], e.g. cloud-eu=0.7/0.2"
+
+
+def option_site(option: str, text: str, name: str, sites: SitesCatalog) -> Site:
+    """The catalog's site ``name``, or an ``OptionError`` naming ``option`` and the known sites."""
+    if name not in sites.names:
+        raise OptionError(option, text, f"no site named {name!r} in the sites catalog; known sites: "
+                                        f"{', '.join(sites.names)}")
+    return sites.get(name)
+
+
 def parse_queue(text: str, sites: SitesCatalog) -> QueueState:
     """``SITE=RUNNING/QUEUED[@HOURS]``: runs running and queued in the site's pool (one GPU each,
     ``HOURS`` each, default 1)."""
     try:
         name, counts = text.split("=", 1)
-        hours = 1.0
+        h = None
         if "@" in counts:
             counts, h = counts.split("@", 1)
-            hours = float(h)
         running, queued = (int(x) for x in counts.split("/", 1))
-        if running < 0 or queued < 0 or hours <= 0:
-            raise ValueError
+        hours = 1.0 if h is None else float(h)
     except ValueError:
-        raise SpecError("--queue", [Problem(text, "expected SITE=RUNNING/QUEUED[@HOURS], e.g. onprem-dc1=8/3@2")]) from None
-    site = sites.get(name)
+        raise OptionError("--queue", text, f"{QUEUE_FORMAT}; RUNNING and QUEUED whole numbers >= 0") from None
+    if not (math.isfinite(hours) and 0 < hours <= QUEUE_MAX_RUN_HOURS):
+        raise OptionError("--queue", text, f"HOURS ({h}) is each run's hours: give a finite number > 0 and at most "
+                                           f"{QUEUE_MAX_RUN_HOURS} (a year), e.g. onprem-dc1=8/3@2")
+    if not (0 <= running <= QUEUE_MAX_RUNS and 0 <= queued <= QUEUE_MAX_RUNS):
+        raise OptionError("--queue", text, f"RUNNING and QUEUED count runs in the site's pool: give whole numbers "
+                                           f"from 0 to {QUEUE_MAX_RUNS:,}, e.g. onprem-dc1=8/3@2")
+    site = option_site("--queue", text, name, sites)
+    backlog_h = (running / 2 + queued) * hours / max(site.gpu_count, 1)
+    if backlog_h > QUEUE_MAX_BACKLOG_HOURS:
+        raise OptionError("--queue", text, f"that is {backlog_h:,.0f} hours of work ahead of a new run on the site's "
+                                           f"{site.gpu_count} GPUs, more than ten years: give the runs its pool holds "
+                                           "now and their hours")
     return QueueState(site.name, site.gpu_count, min(running, site.gpu_count), scheduled=queued, running=running,
                       default_run_hours=hours)
 
@@ -63,12 +100,28 @@ def parse_spot(text: str, sites: SitesCatalog) -> tuple[str, SpotOutlook]:
     try:
         name, rest = text.split("=", 1)
         parts = rest.split("/")
-        outlook = SpotOutlook(availability=float(parts[0]),
-                              preemptions_per_hour=float(parts[1]) if len(parts) > 1 else 0.05)
+        if len(parts) > 2:
+            raise OptionError("--spot", text, f"{len(parts)} fields given, two at most; {SPOT_FORMAT}")
+        availability = float(parts[0])
+        preemptions = float(parts[1]) if len(parts) > 1 else 0.05
     except ValueError:
-        raise SpecError("--spot", [Problem(text, "expected SITE=AVAILABILITY[/PREEMPTIONS_PER_HOUR], "
-                                                 "availability in (0, 1], e.g. cloud-eu=0.7/0.2")]) from None
-    return sites.get(name).name, outlook
+        raise OptionError("--spot", text, SPOT_FORMAT) from None
+    if not (math.isfinite(availability) and 0 < availability <= 1):
+        raise OptionError("--spot", text, f"AVAILABILITY ({parts[0]}) is the share of time spot capacity can be "
+                                          f"had: give availability in (0, 1], e.g. cloud-eu=0.7/0.2")
+    if not (math.isfinite(preemptions) and 0 <= preemptions <= SPOT_MAX_PREEMPTIONS_PER_HOUR):
+        raise OptionError("--spot", text, f"PREEMPTIONS_PER_HOUR ({parts[1]}) is how often spot capacity is taken "
+                                          f"back: give a finite number from 0 to {SPOT_MAX_PREEMPTIONS_PER_HOUR:g}, "
+                                          "e.g. cloud-eu=0.7/0.2")
+    site = option_site("--spot", text, name, sites)
+    if site.spot_price_per_gpu_hour is None and site.capacity_class is not CapacityClass.opportunistic:
+        spot_sites = [s.name for s in sites.sites
+                      if s.spot_price_per_gpu_hour is not None or s.capacity_class is CapacityClass.opportunistic]
+        fix = (f"give a site that does ({', '.join(spot_sites)}) or leave this --spot out" if spot_sites
+               else "no site of the catalog has spot capacity: leave --spot out")
+        raise OptionError("--spot", text, f"site {site.name} offers no spot capacity (it has no "
+                                          f"spot_price_per_gpu_hour in the sites catalog): {fix}")
+    return site.name, SpotOutlook(availability=availability, preemptions_per_hour=preemptions)
 
 
 def fail(exc: HybridtrainError) -> typer.Exit:
@@ -98,6 +151,11 @@ def print_federated(job: str, mode, as_json: bool) -> None:
     console.print("[dim]Nothing was submitted: plan has no side effects.[/dim]")
 
 
+#: ``plan --dataset-bytes`` at most (10 PB), and the years ``--now`` may name (finish times stay dates).
+MAX_DATASET_BYTES = 10**16
+NOW_YEARS = (1970, 9000)
+
+
 def plan(
     spec: Annotated[Path, typer.Argument(help="Job spec (YAML).")],
     sites_path: Annotated[Path, typer.Option("--sites", help="Sites catalog.")] = Path("deployments/sites.yaml"),
@@ -114,13 +172,19 @@ def plan(
     if run_hours is not None and not (math.isfinite(run_hours) and run_hours > 0):
         raise bad_option("--run-hours", f"{run_hours} is not a run time; give the hours the run takes, a finite "
                                         "number > 0 (e.g. --run-hours 2.5), or leave it out for the spec's max_hours")
-    if dataset_bytes < 0:
-        raise bad_option("--dataset-bytes", f"{dataset_bytes} is not a size; give the bytes sync would send, >= 0")
+    if not 0 <= dataset_bytes <= MAX_DATASET_BYTES:
+        raise bad_option("--dataset-bytes", f"{dataset_bytes} is not a size; give the bytes sync would send, from 0 "
+                                            f"to {MAX_DATASET_BYTES:.0e} (10 PB)")
     if now is not None:
         try:
-            datetime.fromisoformat(now.replace("Z", "+00:00"))
+            at = datetime.fromisoformat(now.replace("Z", "+00:00"))
         except ValueError:
             raise bad_option("--now", f"{now!r} is not an ISO time; give e.g. 2026-11-28T09:00:00Z") from None
+        if at.tzinfo is None:
+            raise bad_option("--now", f"{now!r} has no timezone; add Z (UTC) or an offset, e.g. {now}Z")
+        if not NOW_YEARS[0] <= at.year <= NOW_YEARS[1]:
+            raise bad_option("--now", f"{now!r} is outside the years {NOW_YEARS[0]}-{NOW_YEARS[1]} a plan can "
+                                      "reckon with (deadlines and finish times are dates after it)")
     try:
         sites = SitesCatalog.load(sites_path)
         policy = Policy.load(policy_path, sites)

@@ -22,12 +22,13 @@ EU)`` rejects ``cloud-us`` with "site cloud-us is in jurisdiction US; allowed: E
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, FiniteFloat
 
 from hybridtrain.errors import Problem, SpecError
 from hybridtrain.placement.node_fit import node_shortfall
@@ -44,6 +45,48 @@ if TYPE_CHECKING:
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+#: A rule's lists of what it allows: ``None`` (left out) allows all, an empty list nothing.
+ALLOW_LISTS = ("sites", "jurisdictions", "site_kinds", "gpu_types", "capacity_classes")
+
+
+def _bad_name(what: str, name: str, spec_field: str, example: str) -> str:
+    return (f"{name!r} is not a {what} name, so no spec's {spec_field} can name it: use lowercase letters, digits "
+            f"and '-', e.g. {example}")
+
+
+def _lookalike(value: str) -> str:
+    """``value`` with case, separators and the letters most often typed for digits (O, I, l) ironed out."""
+    return re.sub(r"[\s_.-]", "", value.upper()).translate(str.maketrans("OIL", "011"))
+
+
+def _catalog_problems(path: str, listed: Sequence[str] | None, known: Sequence[str], what: str, *,
+                      allow_list: bool) -> list[Problem]:
+    """Entries of a rule's list that the sites catalog cannot mean.
+
+    An entry no site has is fine on its own (a policy may name a jurisdiction or GPU type before a
+    site with it is added: ``gpu_types: [A100, H100]`` with only A100 sites), unless it is a
+    lookalike of one the catalog has (``A1OO`` for ``A100``, ``eu`` for ``EU``). An allow-list that
+    names nothing any site has would refuse every candidate the rule applies to: refused too.
+    """
+    if not listed:
+        return []
+    catalog = sorted(set(known))
+    shown = ", ".join(catalog) or "none"
+    out = []
+    for j, value in enumerate(listed):
+        if value in catalog:
+            continue
+        near = [k for k in catalog if _lookalike(k) == _lookalike(value)]
+        if near:
+            out.append(Problem(f"{path}[{j}]", f"no site has {what} {value!r}; did you mean {near[0]!r}? "
+                                               f"(the sites catalog has: {shown})"))
+    if allow_list and not out and not any(v in catalog for v in listed):
+        out.append(Problem(path, f"no site has {what} {', '.join(listed)} (the sites catalog has: {shown}), so "
+                                 "this rule would refuse every candidate it applies to: list one the catalog has, "
+                                 "or fix the catalog"))
+    return out
 
 
 def capacity_options(site: Site) -> tuple[CapacityClass, ...]:
@@ -92,10 +135,11 @@ class Rule(Strict):
     capacity_classes: tuple[CapacityClass, ...] | None = Field(
         None, description="Only these capacity classes: fixed, burst, opportunistic."
     )
-    max_price_per_gpu_hour: float | None = Field(None, gt=0, description="USD cap on the candidate's GPU-hour price.")
-    max_egress_gb: float | None = Field(None, ge=0, description="Cap on GB moved between sites for one job.")
-    max_egress_usd: float | None = Field(None, ge=0, description="Cap on the job's data-movement cost.")
-    max_cost_usd: float | None = Field(None, gt=0, description="Cap on the job's estimated total cost.")
+    max_price_per_gpu_hour: FiniteFloat | None = Field(
+        None, gt=0, description="USD cap on the candidate's GPU-hour price.")
+    max_egress_gb: FiniteFloat | None = Field(None, ge=0, description="Cap on GB moved between sites for one job.")
+    max_egress_usd: FiniteFloat | None = Field(None, ge=0, description="Cap on the job's data-movement cost.")
+    max_cost_usd: FiniteFloat | None = Field(None, gt=0, description="Cap on the job's estimated total cost.")
 
     @property
     def static_fields(self) -> bool:
@@ -151,12 +195,19 @@ class JobClass(Strict):
     description: str = ""
 
 
+def _team_cap(cap: float) -> float:
+    if cap < 0:
+        raise ValueError(f"{cap:g} is not a budget: give the USD the team may spend this period, >= 0 (0 stops its "
+                         "jobs), or leave the team out for no cap")
+    return cap
+
+
 class Budgets(Strict):
     """Spend caps: per job, and per team for the current budget period (spend so far is an input)."""
 
-    per_job_usd: float | None = Field(None, gt=0, description="No single job may be estimated above this.")
-    teams: dict[str, float] = Field(
-        default_factory=dict, description="Team → USD it may spend in the current period."
+    per_job_usd: FiniteFloat | None = Field(None, gt=0, description="No single job may be estimated above this.")
+    teams: dict[str, Annotated[FiniteFloat, AfterValidator(_team_cap)]] = Field(
+        default_factory=dict, description="Team → USD it may spend in the current period (>= 0; 0: nothing)."
     )
 
 
@@ -184,7 +235,7 @@ class Policy(Strict):
     apiVersion: Literal["hybridtrain/v1"] = Field(description="Policy format version.")
     kind: Literal["PlacementPolicy"] = "PlacementPolicy"
     default_strategy: str = Field("onprem_first", description="Strategy used when a job class or spec names none.")
-    wait_slo_hours: float = Field(
+    wait_slo_hours: FiniteFloat = Field(
         4.0, gt=0, description="For jobs without a deadline: the longest they should wait before starting."
     )
     default_job_class: str = Field("standard", pattern=NAME_RE, description="Class of jobs whose spec names none.")
@@ -243,11 +294,36 @@ class Policy(Strict):
                 if jc_name not in self.job_classes:
                     p.append(Problem(f"rules[{i}].when.job_classes[{j}]",
                                      f"unknown job class {jc_name!r}; known: {', '.join(sorted(self.job_classes))}"))
+            for field in ALLOW_LISTS:
+                if getattr(rule, field) == ():
+                    p.append(Problem(f"rules[{i}].{field}",
+                                     f"an empty list allows nothing, so this rule would refuse every candidate it "
+                                     f"applies to: list the {field.replace('_', ' ')} to allow, or leave {field} out "
+                                     "to allow all"))
+            for j, team in enumerate(rule.when.teams):
+                if not re.match(NAME_RE, team):
+                    p.append(Problem(f"rules[{i}].when.teams[{j}]", _bad_name("team", team, "metadata.team", "growth")))
             if sites is not None and rule.sites is not None:
                 for j, s in enumerate(rule.sites):
                     if s not in sites.names:
                         p.append(Problem(f"rules[{i}].sites[{j}]",
                                          f"unknown site {s!r}; known: {', '.join(sites.names)}"))
+            if sites is not None:
+                jurisdictions = [s.jurisdiction for s in sites.sites]
+                gpu_types = [s.gpu_type for s in sites.sites if s.gpu_type]
+                p += _catalog_problems(f"rules[{i}].jurisdictions", rule.jurisdictions, jurisdictions, "jurisdiction",
+                                       allow_list=True)
+                p += _catalog_problems(f"rules[{i}].gpu_types", rule.gpu_types, gpu_types, "GPU type",
+                                       allow_list=True)
+                p += _catalog_problems(f"rules[{i}].when.gpu_types", rule.when.gpu_types, gpu_types, "GPU type",
+                                       allow_list=False)
+        for name in self.job_classes:
+            if not re.match(NAME_RE, name):
+                p.append(Problem(f"job_classes.{name}",
+                                 _bad_name("job class", name, "placement.job_class", "batch-gpu")))
+        for team in self.budgets.teams:
+            if not re.match(NAME_RE, team):
+                p.append(Problem(f"budgets.teams.{team}", _bad_name("team", team, "metadata.team", "growth")))
         return p
 
     # --- evaluation ----------------------------------------------------------------------

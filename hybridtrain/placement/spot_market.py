@@ -8,6 +8,7 @@ default outlook.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -22,10 +23,13 @@ class SpotOutlook:
     expected_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.availability <= 1:
+        if not 0 < self.availability <= 1:  # NaN fails the comparison too
             raise ValueError(f"availability must be in (0, 1], got {self.availability}")
-        if self.preemptions_per_hour < 0 or self.expected_wait_s < 0:
-            raise ValueError("preemptions_per_hour and expected_wait_s must be >= 0")
+        # `x < 0` is False for NaN: a NaN preemption rate would price spot like on-demand, unnoticed.
+        for name in ("preemptions_per_hour", "expected_wait_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
 
     def overhead_factor(self, checkpoint_interval_h: float, restart_h: float) -> float:
         """Billed hours per useful hour: each preemption loses half a checkpoint interval and a restart."""

@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from hybridtrain.errors import Problem, SpecError
 from hybridtrain.specs.config_file import load_model
@@ -26,6 +36,17 @@ DVC_SUBDIR = "dvc"
 CHECKPOINT_SUBDIR = "objects"
 DVC_S3_CONNECT_TIMEOUT_S = 10
 DVC_S3_READ_TIMEOUT_S = 120
+#: Bounds a value must stay within to be a real site and keep every cost and time finite.
+MAX_PRICE_PER_GPU_HOUR = 1000.0  # USD; the dearest cloud GPU rents for well under $100/h
+MAX_EGRESS_PER_GB = 1000.0  # USD
+MIN_BANDWIDTH_MBPS = 1.0  # below this a value is more likely Gbit/s or bytes than a GPU site's link
+MAX_BANDWIDTH_MBPS = 10_000_000.0  # 10 Tbit/s
+MAX_GPU_COUNT = 1_000_000
+# An S3 bucket name (AWS general purpose bucket rules, which MinIO and Ceph follow for DNS-style access):
+# 3-63 characters, lowercase letters, digits, '.' and '-', beginning and ending with a letter or digit.
+S3_BUCKET_RE = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
+S3_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+S3_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 
 
 class Strict(BaseModel):
@@ -48,12 +69,22 @@ class CapacityClass(StrEnum):
 class OnPremCost(Strict):
     """What an owned GPU costs per hour once capex, lifetime, power and utilization are counted."""
 
-    capex_per_gpu_usd: float = Field(gt=0, description="Purchase price per GPU incl. its share of the server.")
-    lifetime_years: float = Field(gt=0, description="Depreciation period.")
-    power_kw_per_gpu: float = Field(ge=0, description="Average draw per GPU incl. cooling overhead (PUE).")
-    power_price_per_kwh: float = Field(ge=0)
-    utilization: float = Field(gt=0, le=1, description="Share of hours the GPU does paid-for work.")
-    opex_per_gpu_year_usd: float = Field(0.0, ge=0, description="Support, space, staff per GPU and year.")
+    capex_per_gpu_usd: FiniteFloat = Field(gt=0, description="Purchase price per GPU incl. its share of the server.")
+    lifetime_years: FiniteFloat = Field(gt=0, description="Depreciation period.")
+    power_kw_per_gpu: FiniteFloat = Field(ge=0, description="Average draw per GPU incl. cooling overhead (PUE).")
+    power_price_per_kwh: FiniteFloat = Field(ge=0)
+    utilization: FiniteFloat = Field(gt=0, le=1, description="Share of hours the GPU does paid-for work.")
+    opex_per_gpu_year_usd: FiniteFloat = Field(0.0, ge=0, description="Support, space, staff per GPU and year.")
+
+    @model_validator(mode="after")
+    def _a_price(self) -> OnPremCost:
+        price = self.price_per_gpu_hour()
+        if not price <= MAX_PRICE_PER_GPU_HOUR:  # also catches an overflow to inf
+            shown = f"${price:,.2f}" if price < 1e9 else f"${price:.3g}"
+            raise ValueError(f"these numbers price a GPU-hour at {shown} (over ${MAX_PRICE_PER_GPU_HOUR:,.0f}): "
+                             "check capex_per_gpu_usd (USD per GPU), lifetime_years (years, not hours) and "
+                             "utilization (a share, e.g. 0.65)")
+        return self
 
     def price_per_gpu_hour(self) -> float:
         hours = self.lifetime_years * 365 * 24
@@ -70,9 +101,14 @@ class LocalStore(Strict):
     @field_validator("path")
     @classmethod
     def _confined(cls, v: str) -> str:
-        if ".." in Path(v).parts:
+        p = Path(v)
+        if ".." in p.parts:
             raise ValueError("must not contain '..': give the store directory itself (absolute, or relative to the "
                              "workspace root)")
+        if not v.strip() or not p.parts or (p.is_absolute() and p == Path(p.anchor)):
+            where = "the workspace root itself" if not p.is_absolute() else "the file system root"
+            raise ValueError(f"{v!r} would make the store {where}: give a directory of its own, e.g. "
+                             ".hybridtrain/stores/<site name>")
         return v
 
 
@@ -87,23 +123,61 @@ class S3Store(Strict):
     access_key_id: str | None = None
     secret_access_key: SecretStr | None = None
 
+    @field_validator("bucket")
+    @classmethod
+    def _bucket_name(cls, v: str) -> str:
+        rules = ("S3 bucket names are 3-63 lowercase letters, digits, '.' and '-', begin and end with a letter or "
+                 "digit, and are not an IP address: give the bucket's name as the store shows it, e.g. ml-data")
+        if not re.match(S3_BUCKET_RE, v):
+            raise ValueError(f"{v!r} is not an S3 bucket name; {rules}")
+        if ".." in v or ".-" in v or "-." in v:
+            raise ValueError(f"{v!r} is not an S3 bucket name: no '..', '.-' or '-.' inside; {rules}")
+        try:
+            ipaddress.IPv4Address(v)
+        except ValueError:
+            pass
+        else:
+            raise ValueError(f"{v!r} is an IP address, not an S3 bucket name; {rules}")
+        reserved = [x for x in S3_RESERVED_PREFIXES if v.startswith(x)] + \
+                   [x for x in S3_RESERVED_SUFFIXES if v.endswith(x)]
+        if reserved:
+            raise ValueError(f"{v!r} is not an S3 bucket name: {reserved[0]!r} is reserved by S3; give the bucket's "
+                             "own name")
+        return v
+
 
 Store = Annotated[LocalStore | S3Store, Field(discriminator="kind")]
+
+
+def ssh_word(v: str, info: ValidationInfo) -> str:
+    """A hostname or SSH login: not empty, one word, nothing ssh could read as an option or a user@ prefix."""
+    what = {"hostname": "the host's DNS name or IP address, e.g. gpu1.dc.example.com",
+            "username": "the SSH login on the host, e.g. train"}[info.field_name]
+    if not v.strip():
+        raise ValueError(f"must not be empty: give {what}")
+    if any(c.isspace() for c in v) or v.startswith("-") or "@" in v:
+        raise ValueError(f"{v!r} is not a {info.field_name} (no spaces or '@', no leading '-'): give {what}")
+    return v
 
 
 class SshHost(Strict):
     """An on-prem host reachable over SSH (key auth, host key pinned in known_hosts)."""
 
-    hostname: str
+    hostname: str = Field(description="DNS name or IP address the control plane reaches the host on.")
     port: int = Field(22, ge=1, le=65535)
-    username: str
-    gpus: int = Field(0, ge=0)
+    username: str = Field(description="SSH login on the host.")
+    gpus: int = Field(0, ge=0, le=MAX_GPU_COUNT, description="GPUs of this host the site's jobs may use.")
     workdir: str = Field("~/hybridtrain", description="Where job bundles are unpacked on the host.")
     python: str = Field("python3", description="Interpreter on the host with hybridtrain installed.")
-    connect_timeout_s: float = Field(10.0, gt=0, description="TCP connect, banner, auth, opening a channel.")
-    command_timeout_s: float = Field(60.0, gt=0, description="One short command or SFTP operation.")
-    reconnect_s: float = Field(
+    connect_timeout_s: FiniteFloat = Field(10.0, gt=0, description="TCP connect, banner, auth, opening a channel.")
+    command_timeout_s: FiniteFloat = Field(60.0, gt=0, description="One short command or SFTP operation.")
+    reconnect_s: FiniteFloat = Field(
         60.0, gt=0, description="How long a dropped link to a running job is retried before the site counts as lost.")
+
+    @field_validator("hostname", "username")
+    @classmethod
+    def _one_word(cls, v: str, info: ValidationInfo) -> str:
+        return ssh_word(v, info)
 
 
 INSTANCE_ID_FIELD = "{instance_id}"
@@ -137,11 +211,11 @@ class CloudInstances(Strict):
     python: str = Field("python3", description="Interpreter on the image with hybridtrain installed.")
     host_key: str = Field(description="The image's SSH host public key, one line: 'ssh-ed25519 AAAA...'.")
     max_instances: int = Field(8, ge=1, description="Most instances one job may start at this site.")
-    boot_timeout_s: float = Field(600.0, gt=0, description="How long all instances may take to run and answer "
-                                                           "on SSH before they are terminated.")
-    connect_timeout_s: float = Field(10.0, gt=0, description="TCP connect, banner, auth, opening a channel.")
-    command_timeout_s: float = Field(60.0, gt=0, description="One short command or SFTP operation.")
-    reconnect_s: float = Field(
+    boot_timeout_s: FiniteFloat = Field(600.0, gt=0, description="How long all instances may take to run and "
+                                                                 "answer on SSH before they are terminated.")
+    connect_timeout_s: FiniteFloat = Field(10.0, gt=0, description="TCP connect, banner, auth, opening a channel.")
+    command_timeout_s: FiniteFloat = Field(60.0, gt=0, description="One short command or SFTP operation.")
+    reconnect_s: FiniteFloat = Field(
         60.0, gt=0, description="How long a dropped link to a running job is retried before the site counts as lost.")
 
     @field_validator("host_key")
@@ -160,6 +234,11 @@ class CloudInstances(Strict):
             raise ValueError(f"the key's type does not match its data: {fix}")
         return f"{parts[0]} {parts[1]}"
 
+    @field_validator("username")
+    @classmethod
+    def _one_word(cls, v: str, info: ValidationInfo) -> str:
+        return ssh_word(v, info)
+
     @field_validator("workdir")
     @classmethod
     def _placeholder(cls, v: str) -> str:
@@ -174,23 +253,65 @@ class Site(Strict):
 
     name: str = Field(pattern=NAME_RE, description="Unique site name, used in specs and policies.")
     kind: SiteKind
-    region: str
+    region: str = Field(description="Where the site is, e.g. eu-west-1 or eu-central.")
     jurisdiction: str = Field(description="Legal area for residency rules, e.g. EU, UK, US.")
     gpu_type: str | None = Field(None, description="e.g. A100, H100, V100; None for CPU-only sites.")
-    gpu_count: int = Field(0, ge=0, description="GPUs the site can give this platform at once.")
+    gpu_count: int = Field(0, ge=0, le=MAX_GPU_COUNT, description="GPUs the site can give this platform at once "
+                                                                  "(a cloud site: the most it may rent at once).")
     capacity_class: CapacityClass = CapacityClass.fixed
-    price_per_gpu_hour: float | None = Field(
-        None, ge=0, description="Cloud list price; on-prem sites may give onprem_cost instead."
+    price_per_gpu_hour: FiniteFloat | None = Field(
+        None, ge=0, le=MAX_PRICE_PER_GPU_HOUR,
+        description="Cloud list price; on-prem sites may give onprem_cost instead.",
     )
-    spot_price_per_gpu_hour: float | None = Field(None, ge=0)
+    spot_price_per_gpu_hour: FiniteFloat | None = Field(None, ge=0, le=MAX_PRICE_PER_GPU_HOUR)
     onprem_cost: OnPremCost | None = None
-    egress_per_gb: float = Field(0.0, ge=0, description="USD per GB leaving this site.")
-    bandwidth_mbps: float = Field(1000.0, gt=0, description="Sustained transfer rate to other sites.")
+    egress_per_gb: FiniteFloat = Field(0.0, ge=0, le=MAX_EGRESS_PER_GB, description="USD per GB leaving this site.")
+    bandwidth_mbps: FiniteFloat = Field(1000.0, ge=MIN_BANDWIDTH_MBPS, le=MAX_BANDWIDTH_MBPS,
+                                        description="Sustained transfer rate to other sites, megabits per second.")
     work_pool: str = Field(pattern=NAME_RE, description="Prefect work pool that runs this site's work.")
     store: Store
     hosts: tuple[SshHost, ...] = ()
     instances: CloudInstances | None = Field(
         None, description="Cloud sites: how to start instances for multi-node jobs (resources.nodes > 1).")
+
+    @field_validator("region", "jurisdiction", "gpu_type")
+    @classmethod
+    def _not_blank(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and not v.strip():
+            fix = {"region": "give where the site is, e.g. eu-west-1",
+                   "jurisdiction": "give its legal area, e.g. EU (residency rules and policy jurisdictions match it)",
+                   "gpu_type": "give the GPU model, e.g. A100, or leave gpu_type out for a CPU-only site"}
+            raise ValueError(f"must not be empty: {fix[info.field_name]}")
+        return v
+
+    @field_validator("gpu_count")
+    @classmethod
+    def _gpus_of_a_gpu_site(cls, v: int, info: ValidationInfo) -> int:
+        gpu_type = info.data.get("gpu_type")
+        if v == 0 and gpu_type:
+            raise ValueError(f"0 GPUs at a site with gpu_type {gpu_type} refuses every GPU job there (a cloud site "
+                             "too: gpu_count is the most GPUs the platform may use there at once, not 'elastic'): "
+                             "give that number, e.g. 16, or leave gpu_type out for a CPU-only site")
+        return v
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts_fit(cls, hosts: tuple[SshHost, ...], info: ValidationInfo) -> tuple[SshHost, ...]:
+        seen: dict[tuple[str, int], int] = {}
+        for i, h in enumerate(hosts):
+            key = (h.hostname.lower(), h.port)
+            if key in seen:
+                raise ValueError(f"hosts[{i}] ({h.hostname}:{h.port}) repeats hosts[{seen[key]}]: list each machine "
+                                 "once (its GPUs would be counted twice)")
+            seen[key] = i
+        gpu_count = info.data.get("gpu_count")
+        if gpu_count is not None:
+            for i, h in enumerate(hosts):
+                if h.gpus > gpu_count:
+                    raise ValueError(f"hosts[{i}] ({h.hostname}) has gpus: {h.gpus}, more than the site's gpu_count "
+                                     f"{gpu_count} (the GPUs it gives this platform at once): give the GPUs the host "
+                                     "has for these jobs, or raise gpu_count")
+        return hosts
 
     @model_validator(mode="after")
     def _priced(self) -> Site:

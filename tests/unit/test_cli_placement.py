@@ -89,7 +89,8 @@ def test_a_run_time_or_size_no_run_can_have_is_refused_naming_the_option(tmp_pat
     # a run of -3 h used to be planned as a 1-second run costing $0.00
     for args, option in ((["--run-hours", "-3"], "--run-hours"), (["--run-hours", "0"], "--run-hours"),
                          (["--run-hours", "nan"], "--run-hours"), (["--run-hours", "inf"], "--run-hours"),
-                         (["--dataset-bytes", "-5"], "--dataset-bytes")):
+                         (["--dataset-bytes", "-5"], "--dataset-bytes"),
+                         (["--dataset-bytes", str(10**21)], "--dataset-bytes")):
         result = plan(spec(tmp_path), *args)
         assert result.exit_code == 2 and "Traceback" not in result.output, (args, result.output)
         assert flat(result.output).startswith(f"error: {option}: ") and "is not a" in result.output, result.output
@@ -146,3 +147,11 @@ def test_simulate_refuses_a_load_that_is_not_positive(tmp_path):
     result = runner.invoke(app, ["simulate", "--load", "0", "--pods", str(small_pod_trace(tmp_path))])
     assert result.exit_code == 2 and "--load" in result.output and "> 0" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_clock_without_a_timezone_or_past_what_dates_hold_is_refused_naming_now(tmp_path):
+    for now, says in (("2026-01-01T00:00:00", "has no timezone; add Z (UTC) or an offset"),
+                      ("9999-12-31T23:00:00Z", "is outside the years 1970-9000")):  # was an OverflowError traceback
+        result = runner.invoke(app, ["plan", spec(tmp_path), "--sites", SITES, "--policy", POLICY, "--now", now])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert flat(result.output).startswith(f"error: --now: '{now}' {says}"), result.output
