@@ -272,21 +272,23 @@ class GateFailed(HybridtrainError):
 class BundleRejected(HybridtrainError):
     """A model bundle failed verification; ``problems`` name each file (or the signature) and what is wrong.
 
-    Nothing was promoted or released. Rebuild the bundle from the registry version and sign it
-    with the release key again; never retried.
+    A bundle that does not verify is never trusted: not promoted, released or served. ``advice``
+    says what to do for this cause (another trusted key, a rebuilt bundle, a readable archive);
+    by default: rebuild the bundle from the registry version and sign it again. Never retried.
     """
 
     exit_code = 7
 
-    def __init__(self, bundle: str, problems: Sequence[Problem] | Iterable[Problem]):
+    DEFAULT_ADVICE = ("Do not use it: rebuild the bundle from the registry version and sign it again with the release "
+                      "key.")
+
+    def __init__(self, bundle: str, problems: Sequence[Problem] | Iterable[Problem], advice: str | None = None):
         self.bundle = bundle
         self.problems = list(problems)
         self.files = [p.path for p in self.problems]
+        self.advice = advice or self.DEFAULT_ADVICE
         lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(
-            f"model bundle {bundle} was refused; it was not promoted or released:\n{lines}\n"
-            "Rebuild the bundle from the registry version and sign it again with the release key."
-        )
+        super().__init__(f"model bundle {bundle} was refused:\n{lines}\n{self.advice}")
 
 
 class AuditLogInvalid(HybridtrainError):

@@ -3,11 +3,14 @@
 - ``audit verify`` checks the workspace's audit log (``.hybridtrain/audit/audit.jsonl``, or
   ``--log``): every edited, removed, reordered or cut-off record is listed; exit 8 if any. The
   head's signature is checked against ``--public-key`` or, for the workspace's log, its audit
-  public key (``hybridtrain.governance.audit_key``).
+  public key (``hybridtrain.governance.audit_key``). A signature that cannot be checked (no
+  key to check it with) fails too, exit 8, unless ``--no-signature-check`` says to check the
+  chain and head only; and a workspace whose audit key exists but whose log and head are gone
+  fails as wiped.
 - ``bundle verify PATH`` checks a bundle directory or packed archive against the release public key.
 - ``ledger MODEL`` prices the model's run records (MLflow runs tagged
   ``hybridtrain.ledger.model``) per version; ``--png`` writes the chart, ``--attach`` writes
-  each version's ``hybridtrain.cost.*`` tags.
+  each version's ``hybridtrain.cost.*`` tags. Every option is checked before anything is written.
 - ``rollback MODEL`` moves ``champion`` back to ``previous`` and re-releases it to every
   target; ``retire MODEL VERSION`` removes a version from every target and marks it retired.
   The release targets come from ``--spec`` (its ``promotion.release_targets``) or, without
@@ -16,13 +19,15 @@
   (default ``HYBRIDTRAIN_RELEASE_PUBLIC_KEY``, else ``.hybridtrain/keys/release.pub.pem``).
   Bundles are re-released from the archive in the control site's store (``bundles/``).
 
-User mistakes print what to fix and exit non-zero, without a traceback.
+User mistakes print what to fix and exit non-zero, without a traceback; a refused command
+writes nothing (no audit record it did not earn, no key, no tag, no file).
 """
 
 from __future__ import annotations
 
 import getpass
 import json
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -81,6 +86,13 @@ def _audit_log(ws: Workspace, log: Path | None):
     return AuditLog(log) if log is not None else workspace_log(ws.root)
 
 
+def _given_path(text: str, option: str, what: str) -> Path:
+    """A path the user typed; an empty one (which would mean the current directory) is refused."""
+    if not text.strip():
+        raise SpecError(option, [Problem(repr(text), f"empty: give {what}")])
+    return Path(text)
+
+
 # -- audit verify -------------------------------------------------------------------------------
 
 
@@ -96,41 +108,74 @@ def _parse_anchor(text: str):
 
 @audit_app.command("verify")
 def audit_verify(
-    log: Annotated[Path | None, typer.Option(help="Audit log file (default .hybridtrain/audit/audit.jsonl).")] = None,
-    public_key: Annotated[Path | None, typer.Option(
-        "--public-key", help="Require the head anchor to be signed by this PEM public key.")] = None,
+    log: Annotated[str | None, typer.Option(
+        help="Audit log file (default .hybridtrain/audit/audit.jsonl); its head is <log>.head.")] = None,
+    public_key: Annotated[str | None, typer.Option(
+        "--public-key", help="Require the head anchor to be signed by this PEM public key (default for the "
+                             "workspace's log: its audit public key, .hybridtrain/keys/audit-signing.pub.pem)."
+    )] = None,
+    no_signature_check: Annotated[bool, typer.Option(
+        "--no-signature-check", help="Check the hash chain and head only, not the head's signature. Without it, a "
+                                     "signature that cannot be checked (no --public-key for --log, or the workspace's "
+                                     "audit public key is missing) fails verification (exit 8): a deleted key must "
+                                     "not silently turn the check off.")] = False,
     anchor: Annotated[list[str] | None, typer.Option(
         help="A published head, SEQ:SHA256, the log must still contain; repeatable.")] = None,
     home: HomeOpt = None,
 ) -> None:
-    """Verify the audit log's hash chain and head: list every edited, removed, reordered or cut-off record."""
+    """Verify the audit log's hash chain, head anchor and the head's signature: list every edited, removed, reordered
+    or cut-off record. Exit 0 only when all of that verified (or --no-signature-check was given); 8 otherwise."""
     try:
         from hybridtrain.governance import audit_key
         from hybridtrain.governance.audit_log import AuditLog
 
         ws = Workspace.resolve(home)
-        audit = AuditLog(log) if log is not None else AuditLog.in_workspace(ws.root)  # reading makes no key
+        log_path = _given_path(log, "--log", "the audit log file") if log is not None else None
+        if log_path is not None and log_path.is_dir():
+            raise SpecError("--log", [Problem(str(log_path), "a directory: give the audit log file itself, e.g. "
+                                                             ".hybridtrain/audit/audit.jsonl")])
+        if public_key is not None and no_signature_check:
+            raise SpecError("--no-signature-check", [Problem(
+                "--public-key", "give one: --public-key checks the signature, --no-signature-check skips it")])
+        audit = AuditLog(log_path) if log_path is not None else AuditLog.in_workspace(ws.root)  # reading makes no key
         # Without --public-key, a workspace log is checked against the workspace's own audit public key.
-        key = (_read_key(public_key) if public_key is not None
-               else audit_key.verify_key(ws.root) if log is None else None)
+        key = (_read_key(_given_path(public_key, "--public-key", "the audit public key (PEM)"), "--public-key",
+                         "the audit signing key") if public_key is not None
+               else audit_key.verify_key(ws.root) if log_path is None else None)
+        # The workspace's audit key is made by the first append: once it exists, records were written here.
+        written = log_path is None and audit_key.has_key(ws.root)
         anchors = [_parse_anchor(a) for a in anchor or []]
-        if not audit.path.exists() and not audit.head_path.exists():
+        if not audit.path.exists() and not audit.head_path.exists() and not written:
             raise SpecError("--log", [Problem(str(audit.path), "no audit log here: nothing has been recorded at this "
                                                                 "path (check --log or --home)")])
-        report = audit.verify(public_key=key, anchors=anchors)
+        report = audit.verify(public_key=key, anchors=anchors, require_records=written)
     except HybridtrainError as exc:
         raise fail(exc) from None
+    unchecked = None
+    if key is None and not no_signature_check:
+        unchecked = (f"the head's signature could not be checked: the workspace's audit public key "
+                     f"{audit_key.public_key_path(ws.root)} is missing" if log_path is None
+                     else "the head's signature was not checked: no --public-key was given")
+        unchecked += ("; restore it, or pass --public-key with the audit public key, or --no-signature-check to "
+                      "check the chain and head only" if log_path is None
+                      else "; pass --public-key with the audit public key, or --no-signature-check to check the "
+                           "chain and head only")
     for warning in report.warnings:
         console.print(f"warning: {warning}", style="yellow", highlight=False, markup=False)
     head = f"seq {report.head.seq}:{report.head.hash}" if report.head else "none"
-    if report.ok:
-        console.print(f"audit log {report.log}: {report.records} records verified; head {head}"
-                      + (" (signature verified)" if key else ""), highlight=False, markup=False)
+    if report.ok and unchecked is None:
+        signature = "signature verified" if key is not None else "signature NOT checked: --no-signature-check"
+        console.print(f"audit log {report.log}: {report.records} records verified; head {head} ({signature})",
+                      highlight=False, markup=False)
         return
-    err_console.print(f"audit log {report.log} does NOT verify ({len(report.problems)} problem(s), "
-                      f"{report.records} lines):", style="red", highlight=False, markup=False)
-    for p in report.problems:
-        err_console.print(f"  - {p}", highlight=False, markup=False)
+    if not report.ok:
+        err_console.print(f"audit log {report.log} does NOT verify ({len(report.problems)} problem(s), "
+                          f"{report.records} lines):", style="red", highlight=False, markup=False)
+        for p in report.problems:
+            err_console.print(f"  - {p}", highlight=False, markup=False)
+    if unchecked is not None:  # not evidence of tampering, but not a verified log either
+        err_console.print(f"error: audit log {report.log} is not verified: {unchecked}", style="red",
+                          highlight=False, markup=False)
     raise typer.Exit(8)
 
 
@@ -155,16 +200,22 @@ def load_run_records(registry, experiment: str, model: str) -> list:
 
 def ledger(
     model: Annotated[str, typer.Argument(help="Registered model name.")],
-    png: Annotated[Path | None, typer.Option(
+    png: Annotated[str | None, typer.Option(
         help="Also write the cost-per-version chart here (PNG); it is logged to the model's newest MLflow run too.")] = None,
     storage_price: Annotated[float, typer.Option(
-        help="Storage price, USD per GB-month, applied to checkpoints, artifacts and bundles.")] = 0.023,
+        help="Storage price, USD per GB-month (0 or more), applied to checkpoints, artifacts and bundles.")] = 0.023,
     attach: Annotated[bool, typer.Option(help="Write each version's hybridtrain.cost.* tags in MLflow.")] = False,
     home: HomeOpt = None,
 ) -> None:
-    """What each version of MODEL cost: on-prem, on-demand and spot compute, wasted attempts, transfers, storage."""
+    """What each version of MODEL cost: on-prem, on-demand and spot compute, wasted attempts, transfers, storage.
+
+    Every option is checked before anything is written: a refused command leaves no chart and no tags."""
 
     try:
+        if not math.isfinite(storage_price) or storage_price < 0:
+            raise SpecError("--storage-price", [Problem(f"{storage_price:g}", "must be a finite price of 0 or more, "
+                                                                              "USD per GB-month (e.g. 0.023)")])
+        png_path = _output_file(png, "--png", "the chart file (PNG)") if png is not None else None
         ws = Workspace.resolve(home)
         sites = SitesCatalog.load(ws.sites_file)
         registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
@@ -173,6 +224,12 @@ def ledger(
             raise SpecError("ledger", [Problem(model, f"no run records of this model in {ws.tracking_uri} (experiment "
                                                       f"{ws.experiment}); check the name, or run the lifecycle first")])
         book = CostLedger(sites, storage_price).for_model(records, model)
+        if png_path is not None:  # the local file first: if it cannot be written, no tag has been either
+            try:
+                write_chart(book, png_path)
+            except OSError as exc:
+                raise SpecError("--png", [Problem(str(png_path), f"cannot be written ({exc.strerror or exc})")]) \
+                    from None
         if attach:
             for line in book.lines:
                 if line.version != UNVERSIONED:
@@ -182,29 +239,46 @@ def ledger(
     Console(width=max(console.width, 150)).print(render_table(book))  # eleven columns: never squeeze them
     console.print(f"{book.runs} run(s); storage at ${storage_price:g}/GB-month; totals are the sum of the run records",
                   highlight=False)
-    if png is not None:
-        console.print(f"wrote {write_chart(book, png)}", highlight=False, markup=False)
+    if png_path is not None:
+        console.print(f"wrote {png_path}", highlight=False, markup=False)
         # The same picture in MLflow, beside the newest run's learning curves and cost breakdown.
         newest = max(records, key=lambda r: r.finished_at)
-        registry.log_bytes(newest.run_id, Path(png).read_bytes(), f"plots/ledger-{model}.png")
+        registry.log_bytes(newest.run_id, png_path.read_bytes(), f"plots/ledger-{model}.png")
         console.print(f"logged it to MLflow run {newest.run_id} as plots/ledger-{model}.png", highlight=False,
                       markup=False)
     if attach:
         console.print("attached hybridtrain.cost.* tags to each version", highlight=False)
 
 
+def _output_file(text: str, option: str, what: str) -> Path:
+    """An output file the user named, checked before anything is written: not empty, not a directory, and its
+    directory exists or can be made."""
+    from hybridtrain.governance.audit_log import path_problem
+
+    path = _given_path(text, option, what)
+    if path.is_dir():
+        raise SpecError(option, [Problem(str(path), f"a directory: give {what}, e.g. {path / 'ledger.png'}")])
+    problem = path_problem(path, directory=False)
+    if problem:
+        raise SpecError(option, [Problem(str(path), f"cannot be written: {problem}")])
+    return path
+
+
 # -- rollback / retire ---------------------------------------------------------------------------
 
 
-def _read_key(path: Path):
-
+def _read_key(path: Path, option: str = "--public-key", what: str = "the release signing key"):
+    """The PEM public key at ``path``; ``SpecError`` naming ``option`` and the file when it cannot be used."""
     try:
         return VerifyKey.from_pem(Path(path).read_bytes())
     except FileNotFoundError:
-        raise SpecError("--public-key", [Problem(str(path), "no such file: give the PEM public key of the release "
-                                                            "signing key")]) from None
+        raise SpecError(option, [Problem(str(path), f"no such file: give the PEM public key of {what}")]) from None
+    except IsADirectoryError:
+        raise SpecError(option, [Problem(str(path), f"a directory: give the PEM public key file of {what}")]) from None
+    except OSError as exc:
+        raise SpecError(option, [Problem(str(path), f"cannot be read ({exc.strerror or exc})")]) from None
     except ValueError as exc:
-        raise SpecError("--public-key", [Problem(str(path), str(exc))]) from None
+        raise SpecError(option, [Problem(str(path), str(exc))]) from None
 
 
 def _target_specs(ws: Workspace, spec: Path | None, tags: dict[str, str], model: str):
@@ -228,7 +302,8 @@ def build_releaser(ws: Workspace, target_specs, public_key: Path | None):
     """The Releaser for a workspace: targets opened from their specs, the bundle archive in the control site's
     store (``HYBRIDTRAIN_CONTROL_SITE`` or the first on-prem site)."""
 
-    key = _read_key(public_key or ws.state_dir / "keys" / "release.pub.pem")
+    key = _read_key(public_key or ws.release_public_key, "--public-key" if public_key else
+                    "--public-key (default .hybridtrain/keys/release.pub.pem)")
     sites = SitesCatalog.load(ws.sites_file)
     control = (sites.get(ws.control_site) if ws.control_site
                else next((s for s in sites.sites if s.kind.value == "onprem"), sites.sites[0]))
@@ -293,7 +368,8 @@ def retire_command(
 
 @bundle_app.command("verify")
 def bundle_verify(
-    path: Annotated[Path, typer.Argument(help="A bundle directory, or a packed bundle (.tar) from the archive.")],
+    path_text: Annotated[str, typer.Argument(
+        metavar="PATH", help="A bundle directory, or a packed bundle (.tar) from the archive.")],
     public_key: KeyOpt = None,
     home: HomeOpt = None,
 ) -> None:
@@ -303,13 +379,18 @@ def bundle_verify(
     from hybridtrain.governance.bundle import ModelBundle
 
     try:
+        path = _given_path(path_text, "bundle verify", "a bundle directory or a packed bundle (.tar)")
         ws = Workspace.resolve(home)
         key = _read_key(public_key or ws.release_public_key)
         if not path.exists():
             raise SpecError("bundle verify", [Problem(str(path), "no such bundle directory or archive")])
+        if not path.is_dir() and not path.is_file():
+            raise SpecError("bundle verify", [Problem(str(path), "neither a directory nor a file: give a bundle "
+                                                                 "directory or a packed bundle (.tar)")])
         with tempfile.TemporaryDirectory(prefix="hybridtrain-bundle-verify-") as tmp:
+            # A packed bundle is unpacked to a temporary copy, but refusals name the user's file.
             bundle = (ModelBundle(path) if path.is_dir()
-                      else ModelBundle.unpack(path, Path(tmp) / "bundle"))
+                      else ModelBundle.unpack(path, Path(tmp) / "bundle", name=str(path)))
             bundle.verify(key)
             what = f"{bundle.model} v{bundle.version}, manifest {bundle.manifest_sha256[:16]}…"
     except HybridtrainError as exc:

@@ -42,7 +42,19 @@ relative to an anchor the attacker could not also rewrite:
 Appends are serialized across processes with a lock file (``<log>.lock``) and each record is
 fsynced before the head moves; the file is only ever opened for appending, never rewritten.
 ``append`` refuses to extend a log whose tail does not match its head (cut or edited) and
-raises ``AuditLogInvalid``: run ``hybridtrain audit verify`` and investigate first.
+raises ``AuditLogInvalid``: run ``hybridtrain audit verify`` and investigate first. A log that
+cannot be written at all (its directory is a file, no permission) raises ``AuditLogUnwritable``.
+
+**Audit before acting.** A governance action (promotion, rollback, retirement) calls
+``check_appendable()`` before it changes anything: it raises exactly what ``append`` would — the
+log cannot be written, or does not match its head, or the signing key is unusable — while
+reading only and creating nothing (no directory, no key). So an action that could not be
+audited is refused instead of done and left unrecorded.
+
+**What verification expects.** ``verify(require_records=True)`` (the workspace's log once its
+signing key exists, since the key is made by the first append) treats an empty or missing log
+and head as wiped; ``verify(public_key=...)`` treats a missing head as a signature that cannot
+be checked. Neither case passes.
 """
 
 from __future__ import annotations
@@ -56,13 +68,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import to_jsonable_python
 
-from hybridtrain.errors import AuditLogInvalid, Problem, TransientError
+from hybridtrain.errors import AuditLogInvalid, HybridtrainError, Problem, TransientError
 from hybridtrain.governance.signing_key import SigningKey, VerifyKey
 
 #: What records may say happened. New kinds are added here, so a typo cannot invent one.
@@ -73,6 +85,73 @@ DEFAULT_RELATIVE_PATH = Path(".hybridtrain") / "audit" / "audit.jsonl"
 LOCK_TIMEOUT_S = 60.0
 _HEAD_PURPOSE = "hybridtrain-audit-head"
 _TAIL_CHUNK = 64 * 1024
+
+
+class AuditLogUnwritable(HybridtrainError):
+    """The audit log cannot be written at all — its directory is a file, a path is not writable, the disk is
+    full: a setup problem to fix (not evidence of tampering); never retried."""
+
+    exit_code = 8
+
+    def __init__(self, log: str, reason: str):
+        self.log = log
+        self.reason = reason
+        super().__init__(f"audit log {log} cannot be written: {reason}")
+
+
+class SigningKeySource(Protocol):
+    """A signing key made on first use (``audit_key.WorkspaceAuditKey``): a writer signs with it, but a writer
+    that appends nothing (a refused action) must not create it."""
+
+    def get(self, *, create: bool) -> SigningKey | None:
+        """The key; None when it does not exist yet and ``create`` is false."""
+        ...
+
+    def describe(self) -> str:
+        """Where the key lives, for messages."""
+        ...
+
+    def creation_problem(self) -> str | None:
+        """Why the key could not be created now (None: it exists, or it can be)."""
+        ...
+
+
+class _FixedKey:
+    def __init__(self, key: SigningKey):
+        self._key = key
+
+    def get(self, *, create: bool) -> SigningKey:
+        return self._key
+
+    def describe(self) -> str:
+        return f"signing key {self._key.key_id}"
+
+    def creation_problem(self) -> None:
+        return None
+
+
+def path_problem(path: Path, *, directory: bool, written: bool = True) -> str | None:
+    """Why ``path`` (a file, or a ``directory``) could not be written (``written``) or created now; None when it
+    could. Reads only: a missing path is judged by its nearest existing ancestor (a file there, or no write
+    permission, means it cannot be created); ``written=False``: it is replaced by a rename, so only its kind
+    matters.
+    """
+    if path.exists() or path.is_symlink():
+        if directory and not path.is_dir():
+            return f"{path} is not a directory (it is a file or a broken link); move it aside"
+        if not directory and path.is_dir():
+            return f"{path} is a directory, not a file; move it aside"
+        if written and not os.access(path, os.W_OK | (os.X_OK if directory else 0)):
+            return f"{path} is not writable by this user; give it write permission"
+        return None
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is a file, not a directory, so {path} cannot be created; move it aside"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable by this user, so {path} cannot be created; give it write permission"
+    return None
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -154,22 +233,24 @@ class AuditReport:
 class AuditLog:
     """The audit log at ``path`` (a JSON-lines file) with its head anchor at ``<path>.head``.
 
-    Nothing is created until the first ``append``. ``signing_key`` (optional) signs the head.
+    Nothing is created until the first ``append``. ``signing_key`` (optional) signs the head: a key, or a
+    ``SigningKeySource`` that makes the key on the first append (so a writer that appends nothing makes none).
     """
 
-    def __init__(self, path: Path | str, *, signing_key: SigningKey | None = None,
+    def __init__(self, path: Path | str, *, signing_key: SigningKey | SigningKeySource | None = None,
                  lock_timeout_s: float = LOCK_TIMEOUT_S):
         self.path = Path(path)
         self.head_path = self.path.with_name(self.path.name + ".head")
         self.lock_path = self.path.with_name(self.path.name + ".lock")
-        self._signing_key = signing_key
+        self._key_source: SigningKeySource | None = (
+            _FixedKey(signing_key) if isinstance(signing_key, SigningKey) else signing_key)
         self._lock_timeout_s = lock_timeout_s
 
     def __repr__(self) -> str:
         return f"AuditLog({str(self.path)!r})"
 
     @classmethod
-    def in_workspace(cls, root: Path | str, *, signing_key: SigningKey | None = None) -> AuditLog:
+    def in_workspace(cls, root: Path | str, *, signing_key: SigningKey | SigningKeySource | None = None) -> AuditLog:
         """The workspace's log, ``<root>/.hybridtrain/audit/audit.jsonl``."""
         return cls(Path(root) / DEFAULT_RELATIVE_PATH, signing_key=signing_key)
 
@@ -186,24 +267,51 @@ class AuditLog:
             raise ValueError(f"unknown audit action {action!r}; use one of: {', '.join(ACTIONS)}")
         body_inputs = to_jsonable_python(dict(inputs or {}))
         when = _utc_text(at or datetime.now(UTC))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        unwritable = path_problem(self.path.parent, directory=True)
+        if unwritable:
+            raise AuditLogUnwritable(str(self.path), unwritable)
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             with FileLock(str(self.lock_path), timeout=self._lock_timeout_s):
-                prev = self._checked_tail()
+                prev = self._checked_tail(self._existing_key())
                 body = {"seq": prev.seq + 1, "at": when, "actor": actor, "action": action, "subject": subject,
                         "inputs": body_inputs, "outcome": outcome, "prev_hash": prev.hash}
                 try:
                     record = AuditRecord(**body, hash=record_hash(body))
                 except ValidationError as exc:
                     raise ValueError(f"audit record is invalid: {exc}") from None
+                key = self._key_source.get(create=True) if self._key_source is not None else None
                 self._append_line(record.line())
-                self._write_head(AuditHead(seq=record.seq, hash=record.hash))
+                self._write_head(AuditHead(seq=record.seq, hash=record.hash), key)
         except Timeout:
             raise TransientError(
                 f"audit log {self.path} stayed locked for {self._lock_timeout_s:g} s by another process "
                 f"(lock file {self.lock_path}); retry"
             ) from None
+        except OSError as exc:
+            raise AuditLogUnwritable(str(self.path), _os_reason(exc)) from None
         return record
+
+    def check_appendable(self) -> None:
+        """Raise now what ``append`` would raise — ``AuditLogUnwritable``, ``AuditLogInvalid`` (the tail does not
+        match the head, or the head's signer is not this writer's key), or the key source's error — reading only:
+        nothing is created. Call it before an action whose record must not go missing."""
+        for path, directory, written in ((self.path.parent, True, True), (self.path, False, True),
+                                         (self.head_path, False, False), (self.lock_path, False, True)):
+            problem = path_problem(path, directory=directory, written=written)
+            if problem:
+                raise AuditLogUnwritable(str(self.path), problem)
+        if self._key_source is not None and self._key_source.get(create=False) is None:
+            problem = self._key_source.creation_problem()
+            if problem:
+                raise AuditLogUnwritable(str(self.path), f"its head signing key cannot be created: {problem}")
+        try:
+            self._checked_tail(self._existing_key())
+        except OSError as exc:
+            raise AuditLogUnwritable(str(self.path), _os_reason(exc)) from None
+
+    def _existing_key(self) -> SigningKey | None:
+        return self._key_source.get(create=False) if self._key_source is not None else None
 
     def _append_line(self, data: bytes) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
@@ -215,9 +323,9 @@ class AuditLog:
         finally:
             os.close(fd)
 
-    def _write_head(self, head: AuditHead) -> None:
-        if self._signing_key is not None:
-            head = head.signed_by(self._signing_key)
+    def _write_head(self, head: AuditHead, key: SigningKey | None) -> None:
+        if key is not None:
+            head = head.signed_by(key)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-head-", dir=self.path.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -235,8 +343,9 @@ class AuditLog:
         finally:
             os.close(dir_fd)
 
-    def _checked_tail(self) -> AuditHead:
-        """seq and hash of the last record, after checking it against the head (under the lock)."""
+    def _checked_tail(self, key: SigningKey | None) -> AuditHead:
+        """seq and hash of the last record, after checking it against the head (under the lock); ``key``: the
+        writer's existing signing key (None: it signs with none, or with one it has yet to create)."""
         problems: list[Problem] = []
         last = self._last_line()
         head = self._read_head(problems)
@@ -259,16 +368,22 @@ class AuditLog:
             problems.append(Problem("head", f"the head anchor {self.head_path.name} is missing, so a cut tail "
                                             "cannot be ruled out"))
         if head is not None and head.seq > 0 and not problems:
-            problems += self._signer_problems(head)
+            problems += self._signer_problems(head, key)
         if problems or tail is None:
             raise AuditLogInvalid(str(self.path), problems + [Problem(
                 "append", "refused; run `hybridtrain audit verify` and investigate before appending")])
         return tail
 
-    def _signer_problems(self, head: AuditHead) -> list[Problem]:
+    def _signer_problems(self, head: AuditHead, key: SigningKey | None) -> list[Problem]:
         """A signed log stays signed by its key: a writer without it, or with another one, must not re-anchor it
         (that would launder a rewritten chain); and a writer with a key does not adopt an unsigned head."""
-        key = self._signing_key
+        if key is None and self._key_source is not None:  # it signs with a key it has not made yet
+            if head.signature is not None:
+                return [Problem("head", f"the head is signed by {head.key_id}, but this writer's "
+                                        f"{self._key_source.describe()} does not exist (deleted?): restore that key; "
+                                        "a new one would not match")]
+            return [Problem("head", "the head is not signed, but this writer signs: a rewritten log with a fresh "
+                                    "unsigned head looks exactly like this")]
         if key is None:
             if head.signature is not None:
                 return [Problem("head", f"the head is signed by {head.key_id}; append with that signing key "
@@ -312,6 +427,10 @@ class AuditLog:
             raw = self.head_path.read_bytes()
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            problems.append(Problem("head", f"{self.head_path} cannot be read as the head anchor "
+                                            f"({_os_reason(exc)}): it was replaced or damaged"))
+            return None
         try:
             return AuditHead.model_validate_json(raw)
         except ValidationError as exc:
@@ -323,6 +442,9 @@ class AuditLog:
         """Every record in file order; raises ``AuditLogInvalid`` on a line that does not parse."""
         if not self.path.exists():
             return
+        if not self.path.is_file():
+            raise AuditLogInvalid(str(self.path), [Problem("log", "not a file (a directory?): it should be the "
+                                                                  "JSON-lines audit log")])
         with open(self.path, "rb") as fh:
             for lineno, raw in enumerate(fh, 1):
                 problems: list[Problem] = []
@@ -331,12 +453,13 @@ class AuditLog:
                     raise AuditLogInvalid(str(self.path), problems)
                 yield record
 
-    def verify(self, *, public_key: VerifyKey | None = None,
-               anchors: Iterable[AuditHead] = ()) -> AuditReport:
+    def verify(self, *, public_key: VerifyKey | None = None, anchors: Iterable[AuditHead] = (),
+               require_records: bool = False) -> AuditReport:
         """Check the whole log; return every problem found (see the module docstring for what each means).
 
-        ``public_key``: the head must be signed by it. ``anchors``: published heads the log
-        must still contain (same seq, same hash).
+        ``public_key``: the head must exist and be signed by it. ``anchors``: published heads the log
+        must still contain (same seq, same hash). ``require_records``: records were written here (say,
+        the workspace's audit signing key exists), so an empty or missing log and head are a problem.
         """
         problems: list[Problem] = []
         warnings: list[str] = []
@@ -346,7 +469,10 @@ class AuditLog:
         prev_where = "the start of the log"
         last_seq = 0
         count = 0
-        if self.path.exists():
+        if self.path.exists() and not self.path.is_file():
+            problems.append(Problem("log", f"{self.path} is not a file (a directory?): it should be the JSON-lines "
+                                           "audit log"))
+        elif self.path.exists():
             with open(self.path, "rb") as fh:
                 for lineno, raw in enumerate(fh, 1):
                     count += 1
@@ -377,9 +503,20 @@ class AuditLog:
                     prev_where = f"the record before it (seq {record.seq}, line {lineno})"
                     last_seq = record.seq
         head = self._read_head(problems)
-        if head is None and count and not any(p.path == "head" for p in problems):
+        head_damaged = any(p.path in ("head", "log") for p in problems)
+        nothing_anchored = head is None or head.seq == 0  # an append never writes a seq-0 head
+        if head is None and count and not head_damaged:
             problems.append(Problem("head", f"the head anchor {self.head_path.name} is missing, so a cut tail "
                                             "cannot be ruled out"))
+        elif (count == 0 and nothing_anchored and not head_damaged
+              and (require_records or (public_key is not None and head is None))):
+            state = "empty" if self.path.is_file() else "missing"
+            why = ("records were written here (its audit signing key exists)" if require_records
+                   else f"a head signed by {public_key.key_id} is required")
+            anchored = "is missing" if head is None else "anchors no record (seq 0)"
+            problems.append(Problem("log", f"the log is {state} and its head anchor {self.head_path.name} {anchored}, "
+                                           f"but {why}: the log and its head were wiped or deleted; restore both from "
+                                           "a backup"))
         if head is not None:
             problems += _anchor_problems(head, "head", by_seq, last_seq)
             if head.seq < last_seq:
@@ -392,6 +529,16 @@ class AuditLog:
         for i, anchor in enumerate(anchors):
             problems += _anchor_problems(anchor, f"anchors[{i}]", by_seq, last_seq)
         return AuditReport(log=str(self.path), records=count, head=head, problems=problems, warnings=warnings)
+
+
+def _os_reason(exc: OSError) -> str:
+    """One line for an OSError: what failed, on which path."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    if isinstance(exc, IsADirectoryError):
+        return f"a directory is where a file belongs{where}; move it aside"
+    if isinstance(exc, NotADirectoryError):
+        return f"a file is where a directory belongs{where}; move it aside"
+    return f"{exc.strerror or exc}{where}"
 
 
 def _parse(raw: bytes, lineno: int | None, problems: list[Problem]) -> tuple[AuditRecord | None, str]:

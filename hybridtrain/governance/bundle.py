@@ -32,15 +32,18 @@ from __future__ import annotations
 import base64
 import copy
 import functools
+import gzip
 import hashlib
 import importlib.metadata
 import json
+import lzma
 import os
 import platform
 import shutil
 import stat
 import tarfile
 import tempfile
+import zlib
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,6 +62,10 @@ EVIDENCE_FILES = ("spec.json", "datasets.json", "evaluation.json", "lineage.json
                   "checkpoint.json")
 TIERS = ("raw", "curated", "approved")
 _CHUNK = 1 << 20
+#: What a damaged or truncated archive raises while it is read (tarfile passes some through unwrapped).
+_ARCHIVE_ERRORS = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError)
+NOT_AN_ARCHIVE_ADVICE = ("Give a bundle directory, or a packed bundle (.tar) copied whole from the bundle archive "
+                         "(bundles/<model>/<version>.tar).")
 
 
 def _canonical(obj: Any) -> bytes:
@@ -160,10 +167,15 @@ def signature_problems(signature: BundleSignature, public_key: VerifyKey, manife
 
 
 class ModelBundle:
-    """A bundle directory. Opening one checks nothing; call ``verify`` before trusting any of it."""
+    """A bundle directory. Opening one checks nothing; call ``verify`` before trusting any of it.
 
-    def __init__(self, root: Path | str):
+    ``name`` is how refusals name the bundle (default: its directory); a bundle unpacked from an
+    archive is named by the archive, the file the user gave, not the temporary directory.
+    """
+
+    def __init__(self, root: Path | str, *, name: str | None = None):
         self.root = Path(root)
+        self.name = name or str(self.root)
 
     def __repr__(self) -> str:
         return f"ModelBundle({str(self.root)!r})"
@@ -246,16 +258,18 @@ class ModelBundle:
         try:
             return json.loads((self.root / name).read_bytes())
         except FileNotFoundError:
-            raise BundleRejected(str(self.root), [Problem(name, "missing")]) from None
+            raise BundleRejected(self.name, [Problem(name, "missing")]) from None
+        except OSError as exc:
+            raise BundleRejected(self.name, [Problem(name, _unreadable(exc))]) from None
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise BundleRejected(str(self.root), [Problem(name, "not valid JSON")]) from None
+            raise BundleRejected(self.name, [Problem(name, "not valid JSON")]) from None
 
     @property
     def manifest(self) -> BundleManifest:
         try:
             return BundleManifest.model_validate(self._read_json(MANIFEST))
         except ValidationError as exc:
-            raise BundleRejected(str(self.root), [Problem(MANIFEST, f"not a bundle manifest: {exc.errors()[0]['msg']}")]) \
+            raise BundleRejected(self.name, [Problem(MANIFEST, f"not a bundle manifest: {exc.errors()[0]['msg']}")]) \
                 from None
 
     @property
@@ -280,7 +294,7 @@ class ModelBundle:
         try:
             return BundleSignature.model_validate(self._read_json(SIGNATURE))
         except ValidationError as exc:
-            raise BundleRejected(str(self.root), [Problem(SIGNATURE, f"not a bundle signature: "
+            raise BundleRejected(self.name, [Problem(SIGNATURE, f"not a bundle signature: "
                                                                      f"{exc.errors()[0]['msg']}")]) from None
 
     def datasets(self) -> dict[str, BundleDataset]:
@@ -288,7 +302,7 @@ class ModelBundle:
         try:
             return {tier: BundleDataset.model_validate(entry) for tier, entry in raw.items()}
         except (ValidationError, AttributeError) as exc:
-            raise BundleRejected(str(self.root), [Problem("datasets.json", f"not a dataset list: {exc}")]) from None
+            raise BundleRejected(self.name, [Problem("datasets.json", f"not a dataset list: {exc}")]) from None
 
     def evaluation(self) -> dict[str, Any]:
         return self._read_json("evaluation.json")
@@ -321,6 +335,8 @@ class ModelBundle:
             manifest_bytes = (self.root / MANIFEST).read_bytes()
         except FileNotFoundError:
             return problems + [Problem(MANIFEST, "missing: nothing says which files were signed")]
+        except OSError as exc:
+            return problems + [Problem(MANIFEST, f"{_unreadable(exc)}, so nothing says which files were signed")]
         if signature is not None:
             problems += signature_problems(signature, public_key, manifest_bytes)
         try:
@@ -347,11 +363,31 @@ class ModelBundle:
         return problems
 
     def verify(self, public_key: VerifyKey) -> ModelBundle:
-        """Raise ``BundleRejected`` listing every problem unless the bundle is exactly what the key signed."""
+        """Raise ``BundleRejected`` listing every problem unless the bundle is exactly what the key signed.
+
+        The refusal's advice fits the cause: signed by another key and otherwise intact → check it
+        with that key's public half if it is one you trust; anything changed → rebuild and re-sign.
+        """
         problems = self.problems(public_key)
         if problems:
-            raise BundleRejected(str(self.root), problems)
+            raise BundleRejected(self.name, problems, advice=self._advice(problems, public_key))
         return self
+
+    def _advice(self, problems: list[Problem], public_key: VerifyKey) -> str:
+        if not (self.root / MANIFEST).exists() and not (self.root / SIGNATURE).exists():
+            return (f"{self.name} is not a model bundle (it has neither {MANIFEST} nor {SIGNATURE}): "
+                    + NOT_AN_ARCHIVE_ADVICE[0].lower() + NOT_AN_ARCHIVE_ADVICE[1:])
+        try:
+            signer = self.signature.key_id
+        except BundleRejected:
+            signer = None
+        if signer is not None and signer != public_key.key_id and len(problems) == 1:
+            return (f"The bundle is intact but signed by key {signer}, not by the trusted {public_key.key_id}: if you "
+                    "trust that key, check the bundle with its public key (--public-key PEM, or "
+                    "HYBRIDTRAIN_RELEASE_PUBLIC_KEY); if not, do not use it — rebuild it from the registry version "
+                    "and sign it again with the release key.")
+        return ("Its files are not what was signed: do not use it; rebuild the bundle from the registry version and "
+                "sign it again with the release key.")
 
     # -- transport ---------------------------------------------------------------------------
 
@@ -380,31 +416,54 @@ class ModelBundle:
         return archive
 
     @classmethod
-    def unpack(cls, archive: Path | str, dest: Path | str) -> ModelBundle:
+    def unpack(cls, archive: Path | str, dest: Path | str, *, name: str | None = None) -> ModelBundle:
         """Extract a packed bundle into ``dest`` (must not exist). Only plain files with relative paths are
-        accepted; the result is not verified — call ``verify``."""
+        accepted; the result is not verified — call ``verify``. The bundle is named ``name`` (default: the
+        archive's path) in refusals. An archive that is not a tar, or is damaged or cut short, is refused
+        (``BundleRejected``) with nothing left at ``dest``."""
         dest = Path(dest)
+        label = name or str(archive)
         if dest.exists():
             raise FileExistsError(f"{dest} already exists; unpack into a new directory")
+
+        def refuse(what: str) -> BundleRejected:
+            return BundleRejected(label, [Problem(Path(archive).name, what)], advice=NOT_AN_ARCHIVE_ADVICE)
+
         try:
             tar = tarfile.open(archive, "r:*")
-        except tarfile.TarError as exc:
-            raise BundleRejected(str(archive), [Problem(Path(archive).name, f"not a bundle archive ({exc})")]) from None
+        except _ARCHIVE_ERRORS:
+            raise refuse("not a bundle archive: it is not a tar file") from None
+        except OSError as exc:
+            raise refuse(_unreadable(exc)) from None
         with tar:
+            try:
+                members = tar.getmembers()
+            except _ARCHIVE_ERRORS:
+                raise refuse("a damaged or truncated tar archive: its list of files cannot be read") from None
             bad = [Problem(m.name, "not a plain file with a relative path inside the bundle")
-                   for m in tar.getmembers()
+                   for m in members
                    if not m.isfile() or m.name.startswith("/") or ".." in Path(m.name).parts]
             if bad:
-                raise BundleRejected(str(archive), bad)
+                raise BundleRejected(label, bad, advice=NOT_AN_ARCHIVE_ADVICE)
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".tmp-unpack-", dir=dest.parent))
             try:
                 tar.extractall(tmp, filter="data")
                 os.rename(tmp, dest)
+            except _ARCHIVE_ERRORS:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise refuse("a damaged or truncated tar archive: a file in it is cut short") from None
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
-        return cls(dest)
+        return cls(dest, name=label)
+
+
+def _unreadable(exc: OSError) -> str:
+    """A one-line reason a bundle file or archive cannot be read (a directory where a file belongs, no permission)."""
+    if isinstance(exc, IsADirectoryError):
+        return "a directory where a file belongs"
+    return f"cannot be read ({exc.strerror or exc})"
 
 
 def _walk(root: Path, problems: list[Problem], skip: set[str] | frozenset[str] = frozenset()) -> list[str]:

@@ -33,6 +33,8 @@ draws the cost per version over time as a PNG (matplotlib, Agg canvas, no global
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from enum import StrEnum
@@ -177,9 +179,10 @@ class CostLedger:
                  storage_usd_per_gb_month: float | Mapping[str, float] = DEFAULT_STORAGE_USD_PER_GB_MONTH):
         self.sites = sites
         if isinstance(storage_usd_per_gb_month, Mapping):
-            self._storage: float | dict[str, float] = dict(storage_usd_per_gb_month)
+            self._storage: float | dict[str, float] = {k: _price(v, f"storage price of {k}")
+                                                       for k, v in storage_usd_per_gb_month.items()}
         else:
-            self._storage = float(storage_usd_per_gb_month)
+            self._storage = _price(storage_usd_per_gb_month, "storage price")
 
     def gpu_price(self, attempt: AttemptRecord, run_id: str = "") -> float:
         """USD per GPU-hour the attempt paid (see the module docstring)."""
@@ -258,6 +261,16 @@ class CostLedger:
                            storage_usd_per_gb_month=self._storage)
 
 
+def _price(value: float, what: str) -> float:
+    """A price the ledger may multiply by: finite and not negative (a NaN or negative price would be written into
+    the cost tags the cost gate reads)."""
+    price = float(value)
+    if not math.isfinite(price) or price < 0:
+        raise SpecError("storage prices", [Problem(what, f"{price:g} USD per GB-month: give a finite price of 0 or "
+                                                         "more (e.g. 0.023)")])
+    return price
+
+
 def render_table(ledger: ModelLedger) -> Table:
     """The ledger as a rich table: one row per version, then the totals."""
 
@@ -278,7 +291,8 @@ def render_table(ledger: ModelLedger) -> Table:
 
 
 def write_chart(ledger: ModelLedger, path: Path | str) -> Path:
-    """A PNG of the cost of each version, stacked by category, versions in time order."""
+    """A PNG of the cost of each version, stacked by category, versions in time order; written to a temporary file
+    beside ``path`` and renamed into place, so a failure leaves no half-written chart."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: heavy (matplotlib)
     from matplotlib.figure import Figure  # lazy: heavy (matplotlib)
 
@@ -305,5 +319,13 @@ def write_chart(ledger: ModelLedger, path: Path | str) -> Path:
     if ledger.lines:
         ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o644)  # a chart to share (mkstemp makes it 0600)
+            fig.savefig(fh, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
