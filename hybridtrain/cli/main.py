@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
+import shutil
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -26,8 +27,7 @@ from hybridtrain.cli import gpus as cli_gpus
 from hybridtrain.cli import placement as cli_placement
 from hybridtrain.cli import service as cli_service
 from hybridtrain.cli import serving as cli_serving
-from hybridtrain.drill.runner import run_drill
-from hybridtrain.drill.scenarios import check_scenarios
+from hybridtrain.drill.runner import check_drill, run_drill
 from hybridtrain.errors import HybridtrainError
 from hybridtrain.specs.job import json_schema
 from hybridtrain.tracking.model_registry import CHAMPION, Registry
@@ -56,7 +56,14 @@ UI_HINT = (
 
 
 def open_workspace(home: Path | None) -> Workspace:
-    ws = Workspace.resolve(home)
+    """The workspace at ``home``, with Prefect/DVC/MLflow defaults set for this process. A ``--home`` that is not
+    a directory, or a workspace without a valid sites catalog, is refused in one line (exit 2) before anything
+    (Prefect's home) is created."""
+    try:
+        ws = cli_federated.checked_workspace(home)
+        ws.load_sites()
+    except HybridtrainError as exc:
+        fail(exc)
     env = ws.prefect_env()
     if env:  # Prefect's home must exist before anything points it there
         Path(env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
@@ -124,27 +131,80 @@ def init_workspace(ws: Workspace) -> None:
     stages.workspace_repo(ws, sites, default)
 
 
+#: The file ``data generate`` makes, and the only dataset path its ``--pin`` sets an md5 for.
+SAMPLE_PATH = "data/raw/churn.csv"
+
+
+def sample_pin_target(ws: Workspace, pin: Path) -> Path:
+    """The job spec ``--pin`` names, if its ``dataset.md5`` can be set to the churn sample's version: a job
+    spec (``cli.federated.job_spec_target``) whose ``dataset.path`` is ``data/raw/churn.csv``. ``OptionError``
+    otherwise — checked before anything is generated."""
+    path, data = cli_federated.job_spec_target(ws, pin)
+    dataset = data.get("dataset")
+    shown = str(pin)
+    if not isinstance(dataset, dict) or "path" not in dataset:
+        raise cli_federated.OptionError("--pin", f"{shown} has no dataset.path; add `dataset: {{path: {SAMPLE_PATH}, "
+                                                 "md5: ..., site: ...}` to pin the churn sample")
+    declared = Path(str(dataset["path"]))
+    if (declared if declared.is_absolute() else ws.root / declared).resolve() != ws.path(SAMPLE_PATH).resolve():
+        raise cli_federated.OptionError(
+            "--pin", f"{shown} trains on dataset.path {dataset['path']}, not {SAMPLE_PATH} (the file this command "
+                     f"makes); pin a spec of the churn sample, or set that file's md5 yourself (`dvc add` prints "
+                     f"it; `hybridtrain split-sites --pin` for split data)")
+    return path
+
+
 def _pin(spec_file: Path, md5: str) -> bool:
-    """Rewrite the dataset md5 in a spec file in place, keeping its comments."""
-    text = spec_file.read_text()
-    new, n = re.subn(r'(?m)^(\s*md5:\s*)"?[0-9a-f]{32}(?:\.dir)?"?', rf'\g<1>"{md5}"', text, count=1)
-    if n and new != text:
-        tmp = spec_file.with_suffix(spec_file.suffix + ".tmp")
-        tmp.write_text(new)
-        os.replace(tmp, spec_file)
-        return True
-    return False
+    """Set ``dataset.md5`` in ``spec_file`` (a job spec ``sample_pin_target`` accepted) to ``md5``, in place and
+    atomically, keeping its comments and layout; add the key when the dataset has none. Whether it changed."""
+    text = spec_file.read_text(encoding="utf-8")
+    root = yaml.compose(text, Loader=yaml.SafeLoader)  # node marks locate the value; pure Python: str offsets
+    dataset = next((v for k, v in getattr(root, "value", ()) if getattr(k, "value", None) == "dataset"), None)
+    if not isinstance(dataset, yaml.MappingNode) or not dataset.value:  # the file changed since it was checked
+        raise cli_federated.OptionError("--pin", f"{spec_file} no longer has a dataset mapping; pin it again")
+    quoted = f'"{md5}"'
+    node = next((v for k, v in dataset.value if k.value == "md5"), None)
+    if node is not None:
+        start, end = node.start_mark.index, node.end_mark.index
+        if str(node.value) == md5:
+            return False
+        tail = "\n" if text[start:end].endswith("\n") else ""  # a block scalar's span ends with its newline
+        new = text[:start] + quoted + tail + text[end:]
+    else:
+        first = dataset.value[0][0].start_mark
+        between = ", " if dataset.flow_style else "\n" + " " * first.column
+        new = text[:first.index] + f"md5: {quoted}" + between + text[first.index:]
+    tmp = spec_file.with_suffix(spec_file.suffix + ".tmp")
+    tmp.write_text(new, encoding="utf-8")
+    shutil.copymode(spec_file, tmp)
+    os.replace(tmp, spec_file)
+    return True
+
+
+def check_sample_options(rows: int, seed: int) -> None:
+    """``--rows`` and ``--seed`` of ``data generate`` in range, or ``OptionError``; nothing is created."""
+    from hybridtrain.datasets.sample_data import MIN_ROWS, seed_problem
+
+    cli_federated.check_rows(rows, MIN_ROWS, f"fewer than {MIN_ROWS} cannot fill 10 % validation and test splits "
+                                             "of 10 rows each")
+    problem = seed_problem(seed)
+    if problem:
+        raise cli_federated.OptionError("--seed", problem)
 
 
 def ensure_sample_data(ws: Workspace, rows: int, seed: int, pin: Path | None) -> tuple[str, bool]:
-    """Generate the churn CSV if absent, track it with DVC, push it to the on-prem store."""
+    """Generate the churn CSV if absent, track it with DVC, push it to the on-prem store; set ``pin``'s
+    ``dataset.md5`` to its version. ``rows``, ``seed``, ``pin`` and the sites catalog are checked before
+    anything is created (``OptionError``, ``SpecError``)."""
     from hybridtrain import stages  # lazy: heavy (pandas, numpy)
     from hybridtrain.datasets.sample_data import write_churn_csv  # lazy: heavy (pandas, numpy)
 
+    check_sample_options(rows, seed)
+    target = sample_pin_target(ws, pin) if pin is not None else None
     sites = ws.load_sites()
     site = next((s for s in sites.sites if s.kind.value == "onprem"), sites.sites[0])
     repo = stages.workspace_repo(ws, sites, site.name)
-    rel = "data/raw/churn.csv"
+    rel = SAMPLE_PATH
     path = ws.path(rel)
     generated = False
     current = repo.version(rel, "raw", site.name)
@@ -153,29 +213,43 @@ def ensure_sample_data(ws: Workspace, rows: int, seed: int, pin: Path | None) ->
         generated = True
     version = repo.add(rel, "raw", site.name)
     repo.push(version, remote=site.dvc_remote)
-    if pin is not None:
-        _pin(pin if pin.is_absolute() else ws.root / pin, version.md5)
+    if target is not None:
+        _pin(target, version.md5)
     return version.md5, generated
 
 
 @data_app.command("generate")
 def data_generate(
-    rows: Annotated[int, typer.Option(help="Rows to generate (>= 200,000 for the demo).")] = 200_000,
-    seed: Annotated[int, typer.Option(help="Generator seed; same seed, same bytes.")] = 20261121,
-    pin: Annotated[Path | None, typer.Option(help="Job spec whose dataset.md5 to set to this version.")] = None,
+    rows: Annotated[int, typer.Option(help="Rows to generate, 100 to 10,000,000 (>= 200,000 for the demo); "
+                                           "ignored when the sample is already there.")] = 200_000,
+    seed: Annotated[int, typer.Option(help="Generator seed (a whole number >= 0); same seed, same bytes.")] = 20261121,
+    pin: Annotated[Path | None, typer.Option(
+        help="Job spec (relative to the workspace root) whose dataset.md5 to set to this version, keeping its "
+             "comments; its dataset.path must be data/raw/churn.csv. Any other file is refused before anything "
+             "is generated; a spec that already pins this version is left as it is (and says so).")] = None,
     home: HomeOpt = None,
 ) -> None:
     """Generate the churn sample — data/raw/churn.csv, synthetic customers with PII-like columns, the data
     jobs/churn.yaml trains on — if missing; version it with DVC and push it to the on-prem store.
 
-    It makes only this dataset. For your own data: `dvc add data/raw/yours.csv`, then pin its md5 in your
-    spec's dataset.md5."""
-    ws = open_workspace(home)
+    Every option and the --pin target are checked first: a mistake is one line, exit status 2, nothing created.
+
+    It makes only this dataset. For your own data: `dvc add data/raw/yours.csv`, then pin its md5 in your spec."""
     try:
-        md5, generated = ensure_sample_data(ws, rows, seed, pin)
+        check_sample_options(rows, seed)
+        target = sample_pin_target(cli_federated.checked_workspace(home), pin) if pin is not None else None
     except HybridtrainError as exc:
         fail(exc)
-    console.print(f"churn sample data/raw/churn.csv {'generated' if generated else 'present'}; DVC md5 {md5}")
+    ws = open_workspace(home)
+    try:
+        md5, generated = ensure_sample_data(ws, rows, seed, None)
+        pinned = _pin(target, md5) if target is not None else None
+    except HybridtrainError as exc:
+        fail(exc)
+    console.print(f"churn sample {SAMPLE_PATH} {'generated' if generated else 'present'}; DVC md5 {md5}",
+                  highlight=False)
+    if pinned is not None:
+        console.print(f"{pin}: dataset.md5 {'set to' if pinned else 'already pins'} {md5}", highlight=False)
 
 
 # -- run / status / demo ---------------------------------------------------------------------
@@ -280,10 +354,11 @@ def drill(
 ) -> None:
     """Failover drill: inject faults into a real training run, measure time to resume (RTO) and lost steps (RPO)."""
 
-    ws = open_workspace(home)
     try:
-        names = check_scenarios(scenario)
-        report = run_drill(ws, names, steps=steps, interval=interval, out=out,
+        # Every bad option (and the sites catalog) in one message, before the workspace is touched.
+        check_drill(Workspace.resolve(home), scenario, steps=steps, interval=interval, out=out)
+        ws = open_workspace(home)
+        report = run_drill(ws, scenario, steps=steps, interval=interval, out=out,
                            say=lambda line: console.print(f"[dim]drill:[/] {line}", highlight=False))
     except HybridtrainError as exc:
         fail(exc)

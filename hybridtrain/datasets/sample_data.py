@@ -37,6 +37,11 @@ import pyarrow.compute as pc
 
 DEFAULT_ROWS = 200_000
 DEFAULT_SEED = 20261121
+#: Fewest rows a sample (or each site's part of it) may have: fewer cannot fill 10 % validation and
+#: test splits with the 10 rows each that a job spec's ``split.min_rows`` asks for by default.
+MIN_ROWS = 100
+#: Most rows the CLI generates: every row is held in memory while it is made (about 1 GB per million).
+MAX_ROWS = 10_000_000
 
 #: The day the extract was taken: ages, tenures and signup dates are relative to it.
 SNAPSHOT = np.datetime64("2026-11-01", "D")
@@ -158,6 +163,9 @@ def generate_churn(rows: int = DEFAULT_ROWS, seed: int = DEFAULT_SEED) -> pd.Dat
     """
     if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
         raise ValueError(f"rows must be a positive integer, got {rows!r}")
+    problem = seed_problem(seed)
+    if problem:
+        raise ValueError(f"seed {problem}")
     rng = np.random.default_rng(seed)
     n_dup = int(round(rows * DUPLICATE_RATE))
     n = rows - n_dup  # distinct customers
@@ -264,6 +272,24 @@ def generate_churn(rows: int = DEFAULT_ROWS, seed: int = DEFAULT_SEED) -> pd.Dat
         sources = rng.choice(n, n_dup, replace=False)
         frame = pd.concat([frame, frame.iloc[sources]], ignore_index=True)
     return frame.iloc[rng.permutation(rows)].reset_index(drop=True)
+
+
+def rows_problem(rows: int, minimum: int = MIN_ROWS) -> str | None:
+    """What is wrong with generating ``rows`` rows (``minimum`` to ``MAX_ROWS``), or ``None``."""
+    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)):
+        return f"must be a whole number, got {rows!r}"
+    if not minimum <= rows <= MAX_ROWS:
+        return f"must be between {minimum:,} and {MAX_ROWS:,}, got {rows:,}"
+    return None
+
+
+def seed_problem(seed: int) -> str | None:
+    """What is wrong with ``seed`` as a generator seed (a whole number >= 0, as numpy takes), or ``None``."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        return f"must be a whole number >= 0, got {seed!r}"
+    if seed < 0:
+        return f"must be a whole number >= 0, got {seed}"
+    return None
 
 
 def write_churn_csv(path: Path | str, rows: int = DEFAULT_ROWS, seed: int = DEFAULT_SEED) -> Path:

@@ -86,14 +86,16 @@ def plan_steps(steps: int, interval: int | None) -> tuple[int, int, int, int]:
     (and after at least two checkpoints, so ``corrupt-checkpoint`` has a previous one), leaving
     at least one more interval before the end.
     """
+    problems = []  # --steps and --interval checked together: one run of the command names both
     if steps < 40:
-        raise SpecError("hybridtrain drill", [Problem("--steps", f"{steps} is too few; give at least 40 "
-                                                                 f"(default {DEFAULT_STEPS})")])
+        problems.append(Problem("--steps", f"{steps} is too few; give at least 40 (default {DEFAULT_STEPS})"))
+    if interval is not None and interval < 2:
+        problems.append(Problem("--interval", f"must be at least 2 steps, got {interval}"))
+    if problems:
+        raise SpecError("hybridtrain drill", problems)
     per_epoch = math.ceil(steps / EPOCHS)
     total = per_epoch * EPOCHS
     every = interval if interval is not None else max(2, total // 12)
-    if every < 2:
-        raise SpecError("hybridtrain drill", [Problem("--interval", f"must be at least 2 steps, got {every}")])
     mid = max(2 * every, math.ceil(total / 3 / every) * every)
     fault = mid + every // 2
     if fault + every > total:
@@ -169,7 +171,8 @@ class DrillEnv:
     """What every scenario shares: workspace, sites, the job, its data (DVC-tracked), the reference run."""
 
     def __init__(self, ws: Workspace, scratch: Path, out: Path, stamp: str, steps: int, interval: int | None,
-                 say: Callable[[str], None]):
+                 say: Callable[[str], None], sites: SitesCatalog | None = None):
+        """``sites``: the workspace's catalog, already loaded (``check_drill`` reads it before anything is made)."""
 
         self.ws = ws
         self.scratch = scratch
@@ -177,7 +180,7 @@ class DrillEnv:
         self.stamp = stamp
         self.say = say
         self.per_epoch, self.steps, self.interval, self.fault_step = plan_steps(steps, interval)
-        self.sites: SitesCatalog = ws.load_sites()
+        self.sites: SitesCatalog = sites if sites is not None else ws.load_sites()
         onprem = [s for s in self.sites.sites if s.kind.value == "onprem"]
         self.primary: Site = (onprem or list(self.sites.sites))[0]
         others = [s for s in self.sites.sites

@@ -65,15 +65,83 @@ import traceback
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hybridtrain.drill.environment import DrillEnv, plan_steps
 from hybridtrain.drill.report import DEFAULT_STEPS, EXPERIMENT, DrillReport, ScenarioResult
 from hybridtrain.drill.scenarios import SCENARIOS, check_scenarios
 from hybridtrain.drill.timeline import DrillFailed, Skipped, Timeline
+from hybridtrain.errors import HybridtrainError, Problem, SpecError
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.workspace import Workspace
 
+if TYPE_CHECKING:
+    from hybridtrain.specs.sites import SitesCatalog
+
 log = logging.getLogger(__name__)
+
+# -- checking a drill's inputs ---------------------------------------------------------------------
+
+
+def check_drill(
+    ws: Workspace,
+    scenarios: Sequence[str] | None = None,
+    *,
+    steps: int = DEFAULT_STEPS,
+    interval: int | None = None,
+    out: Path | None = None,
+) -> tuple[list[str], SitesCatalog]:
+    """The scenarios to run and the workspace's sites catalog, or one ``SpecError`` naming every problem at once.
+
+    Checks ``--scenario``, ``--steps``, ``--interval`` and ``--out`` (a directory, new or existing, never a file)
+    together, and reads the sites catalog (its problems join the options' ones). Reads only: a refused drill
+    has created nothing.
+    """
+    problems: list[Problem] = []
+    names: list[str] = []
+    try:
+        names = check_scenarios(scenarios)
+    except SpecError as exc:
+        problems += exc.problems
+    try:
+        plan_steps(steps, interval)
+    except SpecError as exc:
+        problems += exc.problems
+    problems += _out_problems(ws, out)
+    try:
+        sites = ws.load_sites()
+    except SpecError as exc:
+        if not problems:
+            raise
+        problems += [Problem(exc.source if not p.path else f"{exc.source}: {p.path}", p.message, p.line)
+                     for p in exc.problems]
+    except HybridtrainError as exc:
+        if not problems:
+            raise
+        problems.append(Problem(str(ws.sites_file), str(exc)))
+    if problems:
+        raise SpecError("hybridtrain drill", problems)
+    return names, sites
+
+
+def _out_problems(ws: Workspace, out: Path | None) -> list[Problem]:
+    """``--out`` must be a directory the report's files can go into: new (made with its parents) or existing."""
+    if out is None:
+        return []
+    path = Path(out) if Path(out).is_absolute() else ws.root / out
+    fix = ("give a new or existing directory for the report's files, or leave out --out "
+           "(default .hybridtrain/drills/<timestamp>)")
+    for p in (path, *path.parents):
+        if not (p.exists() or p.is_symlink()):
+            continue
+        if not p.is_dir():
+            where = f"{out} is a file, not a directory" if p == path else f"{p} (in {out}) is a file, not a directory"
+            return [Problem("--out", f"{where}; {fix}")]
+        if not os.access(p, os.W_OK | os.X_OK):
+            return [Problem("--out", f"cannot write in {p} (in {out}): permission denied; {fix}")]
+        return []
+    return []
+
 
 # -- running a drill ----------------------------------------------------------------------------------
 
@@ -94,11 +162,12 @@ def run_drill(
     (default a twelfth of the run); ``out``: the report's directory (default
     ``.hybridtrain/drills/<timestamp>``); ``record``: log the report to MLflow (experiment
     ``hybridtrain-drills``); ``say``: progress lines. Unknown scenario names or impossible step
-    settings raise ``SpecError`` before anything runs. A scenario that fails is reported as
-    failed (with what happened), never raised; check ``report.failed``.
+    settings, an ``out`` that is a file or a missing or broken sites catalog raise one ``SpecError`` (every
+    problem) before anything is created (``check_drill``). A scenario that fails is reported as failed
+    (with what happened), never raised; check ``report.failed``. A drill that stops before its report
+    (an error while preparing, Ctrl-C) removes the directories it created.
     """
-    names = check_scenarios(scenarios)
-    plan_steps(steps, interval)  # refuse impossible settings before anything starts
+    names, sites = check_drill(ws, scenarios, steps=steps, interval=interval, out=out)
     emit = say or (lambda line: log.info("%s", line))
     started = datetime.now(UTC)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
@@ -107,11 +176,14 @@ def run_drill(
     if out is None and directory.exists():
         directory = directory.with_name(f"{stamp}-{os.getpid()}")
     drills_dir = ws.state_dir / "drills"
+    # What this drill creates (the outermost missing directory of each): removed again if it stops before its report.
+    made = [(directory, _missing_top(directory), True), (drills_dir, _missing_top(drills_dir), False)]
     drills_dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".work-{stamp}-", dir=drills_dir))
     env: DrillEnv | None = None
+    finished = False
     try:
-        env = DrillEnv(ws, scratch, directory, stamp, steps, interval, emit)  # reads the sites catalog
+        env = DrillEnv(ws, scratch, directory, stamp, steps, interval, emit, sites=sites)
         directory.mkdir(parents=True, exist_ok=True)
         report = DrillReport(started_at=started, workspace=str(ws.root), steps=env.steps,
                              checkpoint_interval=env.interval, fault_step=env.fault_step)
@@ -121,11 +193,15 @@ def run_drill(
         report.seconds_per_step = round(env.reference.seconds_per_step, 6)
         for name in names:
             report.scenarios.append(_run_scenario(env, name))
+        finished = True
     finally:
         if env is not None:
             env.stop_all()
             env.cleanup_checkpoints()
         shutil.rmtree(scratch, ignore_errors=True)
+        if not finished:  # nothing half-written: no report directory without its report
+            for path, top, tree in made:
+                _remove_made(path, top, tree=tree)
     report.finished_at = datetime.now(UTC)
     report.write(directory)
     if record:
@@ -135,6 +211,36 @@ def run_drill(
             report.notes.append(f"not recorded in MLflow ({ws.tracking_uri}): {type(exc).__name__}: {exc}")
             report.write(directory)
     return report
+
+
+def _missing_top(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist yet (what ``mkdir(parents=True)`` creates)."""
+    top = None
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            break
+        top = p
+    return top
+
+
+def _remove_made(path: Path, top: Path | None, *, tree: bool) -> None:
+    """Remove ``path`` (with its contents when ``tree``) and its parents up to ``top`` while they are empty.
+
+    ``top`` is what ``_missing_top`` said before the drill began (None: it all existed, nothing to remove);
+    a directory that something else has put files into since is kept.
+    """
+    if top is None:
+        return
+    if tree:
+        shutil.rmtree(path, ignore_errors=True)
+    for p in (path, *path.parents):
+        if p.exists():
+            try:
+                p.rmdir()
+            except OSError:
+                return
+        if p == top:
+            return
 
 
 def _run_scenario(env: DrillEnv, name: str) -> ScenarioResult:
