@@ -1,6 +1,6 @@
 """Federated vs centralized: the sample data split over 3 sites, the same model and the same budget of epochs.
 
-In one temporary workspace (three on-prem sites, each its own store; ``data split-sites``'s
+In one temporary workspace (three on-prem sites, each its own store; ``hybridtrain split-sites``'s
 non-IID split: own regions, size and churn rate), measured in the same run:
 
   (a) federated — ``run_federation`` with every site step in this process (``InlineSites``):
