@@ -16,6 +16,8 @@ from prefect.workers.process import ProcessWorker
 
 from blocks.register import ensure_pseudonym_key, ensure_release_key, register_sites
 from deployments.code_source import CodeSource
+from hybridtrain.errors import HybridtrainError
+from hybridtrain.service.doctor import check_prefect_api
 from hybridtrain.specs.sites import SitesCatalog
 from hybridtrain.workspace import Workspace
 
@@ -23,6 +25,33 @@ from hybridtrain.workspace import Workspace
 #: Pool of the control flows (burst-controller, recover-runs; deployments/prefect.yaml): no run limit and a
 #: worker of its own, so the flows that supervise the site pools never wait for a slot in them.
 CONTROL_POOL = "control"
+
+
+#: What to do when nothing answers at PREFECT_API_URL (said after the URL and the reason).
+SERVER_FIX = ("nothing answers there; start the Prefect server (`make up` for the served stack, `make ui` or "
+              "`prefect server start` for a local one) or correct PREFECT_API_URL")
+
+
+def check_server(doing: str, api: str | None = None) -> None:
+    """Refuse, in one line naming the URL and the fix, when the Prefect server at ``api`` (default: PREFECT_API_URL)
+    does not answer or is unhealthy — before ``doing`` changes or starts anything.
+
+    The checks are ``hybridtrain doctor``'s (``check_prefect_api``: ``/health``, then ``/ready``, its database).
+    No URL (Prefect's own temporary server): nothing to check.
+    """
+    if api is None:
+        from prefect.settings import PREFECT_API_URL
+
+        api = PREFECT_API_URL.value()
+    if not api:
+        return
+    api = api.rstrip("/")
+    bad = [f for f in check_prefect_api(api, fix=SERVER_FIX) if not f.ok]
+    if bad:
+        said = "; ".join(f"{f.component} {f.detail}" for f in bad)
+        if not any("not reachable" in f.detail for f in bad):  # it answers, unhealthy: its log says why
+            said += f"; see the server's log, or run `hybridtrain doctor --api {api}`"
+        raise HybridtrainError(f"cannot {doing}: {said}")
 
 
 @dataclass
@@ -97,10 +126,14 @@ def apply_deployments(ws: Workspace, report: BootstrapReport, code: CodeSource |
 def bootstrap(ws: Workspace, *, deploy: bool = True, code_repos: list[str] | None = None,
               code_ref: str = "HEAD") -> BootstrapReport:
     """Pools, blocks and deployments. ``code_repos`` (``URL`` or ``POOL=URL``): those pools' workers clone
-    commit ``code_ref`` of this checkout from that repository instead of sharing this checkout."""
+    commit ``code_ref`` of this checkout from that repository instead of sharing this checkout.
+
+    Bad input (``SpecError``), then a Prefect server that does not answer (``HybridtrainError`` naming the
+    URL and the fix), are refused before anything is created."""
     report = BootstrapReport()
     catalog = SitesCatalog.load(ws.sites_file)
     code = CodeSource.parse(code_repos or [], list(catalog.pools), ws.root, code_ref)  # bad input: before any change
+    check_server("deploy (nothing was created)")
     if code is not None:
         report.code_repositories, report.code_commit = dict(code.repositories), code.commit
     ensure_pools(catalog, report)

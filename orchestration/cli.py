@@ -14,12 +14,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
 
 from hybridtrain.cli import progress
+from hybridtrain.cli.federated import checked_workspace
 from hybridtrain.cli.main import (
     HomeOpt,
     app,
@@ -57,14 +58,37 @@ def _open_session(home: Path | None) -> Any:
     return session
 
 
+def _refuse(message: str, code: int = 2) -> NoReturn:
+    """A user's mistake: one line on stderr (text, not markup) and a non-zero exit, no traceback."""
+    err.print(message, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _checked_workspace(home: Path | None) -> tuple[Workspace, Any]:
+    """The workspace and its sites catalog, checked before anything is created or a server started, without
+    importing Prefect (a wrong --home is one line within a second): an existing directory with a valid catalog
+    (``cli.federated.checked_workspace``). ``orchestration.session.check_workspace`` checks it again for Python
+    callers, with the state directories."""
+    try:
+        ws = checked_workspace(home)
+        catalog = ws.load_sites()
+    except HybridtrainError as exc:
+        fail(exc)
+    return ws, catalog
+
+
 @app.command()
 def init(home: HomeOpt = None) -> None:
     """Set up a workspace now (every command that needs it does it by itself): DVC repo and remotes from the
     sites catalog, site blocks, signing and pseudonym keys; marks runs a killed process left RUNNING crashed."""
+    ws, _ = _checked_workspace(home)
     try:
         session = _open_session(home)
     except HybridtrainError as exc:
         fail(exc)
+    except OSError as exc:  # e.g. a read-only workspace: say which file, not a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        _refuse(f"cannot set up the workspace at {ws.root}: {exc.strerror or exc}{where}", 1)
     console.print(f"workspace ready at {session.ws.root}; pseudonym key "
                   f"{'created' if session.key_created else 'already present'}")
 
@@ -161,45 +185,106 @@ def demo(
     print_summary(summary, ws)
 
 
-def _read_secret_file(path: Path | None, what: str) -> str | None:
-    if path is None:
-        return None
+#: What each credential file of a site block (``blocks.register.SECRET_FIELDS``) must hold, for messages.
+CREDENTIAL_FILES = {
+    "ssh_private_key": "the SSH private key (OpenSSH or PEM, e.g. ~/.ssh/id_ed25519)",
+    "ssh_known_hosts": "the hosts' known_hosts lines",
+    "aws_secret_access_key": "the S3 secret access key",
+}
+#: Far above any key, known_hosts or secret file; a bigger file is the wrong path.
+MAX_CREDENTIAL_FILE_BYTES = 1 << 20
+
+
+def _read_secret_file(path: Path, option: str, what: str) -> tuple[str | None, str | None]:
+    """(the text of a credential file, None), or (None, a line naming the option, the file and the fix) — never
+    the file's content: it may be a secret even when it is not a valid one."""
+    label = f"{option} {path}"
+    if not path.exists():
+        return None, f"{label}: no such file: give the file holding {what}"
     if not path.is_file():
-        err.print(f"{what}: no file at {path}")
-        raise typer.Exit(2)
-    return path.read_text()
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        return None, f"{label} is {kind}: give the file holding {what}"
+    try:
+        size = path.stat().st_size
+        if size > MAX_CREDENTIAL_FILE_BYTES:
+            return None, f"{label} is {size:,} bytes, far more than {what}: check the path"
+        raw = path.read_bytes()
+    except OSError as exc:
+        return None, f"{label} cannot be read ({exc.strerror or exc}): give a file this user can read"
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        return None, f"{label} is not a text file (byte {exc.start} is not UTF-8): give the file holding {what}"
+    if not text.strip():
+        return None, f"{label} is empty: give the file holding {what}"
+    return text, None
 
 
 @app.command()
 def credentials(
     site: Annotated[str, typer.Argument(help="Site name from the sites catalog.")],
-    ssh_key: Annotated[Path | None, typer.Option(help="Private key file for the site's SSH hosts.")] = None,
-    known_hosts: Annotated[Path | None, typer.Option(help="known_hosts file pinning the hosts' keys.")] = None,
+    ssh_key: Annotated[Path | None, typer.Option(
+        help="Private key file (OpenSSH or PEM, no passphrase) for the site's SSH hosts or the instances it "
+             "starts.")] = None,
+    known_hosts: Annotated[Path | None, typer.Option(
+        help="known_hosts file pinning the keys of the site's SSH hosts.")] = None,
     aws_access_key_id: Annotated[str | None, typer.Option(
         help="AWS access key id: the site's S3 store and, with instances:, the EC2 API that starts them.")] = None,
     aws_secret_access_key_file: Annotated[Path | None, typer.Option(
         help="File holding the S3 secret key (a file, so the secret never lands in shell history).")] = None,
     home: HomeOpt = None,
 ) -> None:
-    """Store a site's credentials in its Prefect block (encrypted server-side; never in YAML or git)."""
-    from blocks.register import register_sites, set_credentials  # lazy: heavy (prefect)
+    """Store a site's credentials in its Prefect block (encrypted server-side; never in YAML or git).
 
+    Everything is checked before anything is set up or stored: the site is in the catalog, each option fits it
+    (SSH options for a site with SSH hosts or instances, AWS options for an S3 store or instances) and each value
+    is what it claims (a private key that loads, known_hosts lines pinning every host, non-empty keys)."""
+    ws, catalog = _checked_workspace(home)
+    if site not in catalog.names:
+        _refuse(f"site {site!r} is not in {ws.sites_file} (sites: {', '.join(catalog.names)}): give one of them")
+    # field -> (option, what the user gave: a file, or the key id itself)
+    options: dict[str, tuple[str, Any]] = {
+        "ssh_private_key": ("--ssh-key", ssh_key), "ssh_known_hosts": ("--known-hosts", known_hosts),
+        "aws_access_key_id": ("--aws-access-key-id", aws_access_key_id),
+        "aws_secret_access_key": ("--aws-secret-access-key-file", aws_secret_access_key_file)}
+    given = {field: arg for field, (_, arg) in options.items() if arg is not None}
+    if not given:
+        _refuse(f"nothing to store for site {site}: give at least one of "
+                f"{', '.join(option for option, _ in options.values())}")
+    values: dict[str, str | None] = {}  # None: a file that could not be read
+    unread: dict[str, str] = {}  # field -> why its file could not be read
+    for field, arg in given.items():
+        if field == "aws_access_key_id":
+            values[field] = arg.strip()
+            continue
+        text, why = _read_secret_file(arg, options[field][0], CREDENTIAL_FILES[field])
+        values[field] = text.strip() if text is not None and field == "aws_secret_access_key" else text
+        if why:
+            unread[field] = why
+    from blocks.register import credential_problems, register_sites, set_credentials  # lazy: heavy (prefect)
+
+    # An option that does not fit the site is that, whatever its file holds (a file not read is checked for fit).
+    found = {p.path: p.message for p in credential_problems(catalog.get(site), **values)}
+    problems: list[str] = []
+    for field in given:
+        option, arg = options[field]
+        if field in found:
+            label = option if field == "aws_access_key_id" else f"{option} {arg}"  # the key id itself is not echoed
+            problems.append(f"{label}: {found[field]}")
+        elif field in unread:
+            problems.append(unread[field])
+    if problems:
+        for line in problems:
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
     try:
         ws = _open_session(home).ws
         catalog = ws.load_sites()
-        catalog.get(site)
         register_sites(catalog)
-        changed = set_credentials(
-            site,
-            ssh_private_key=_read_secret_file(ssh_key, "--ssh-key"),
-            ssh_known_hosts=_read_secret_file(known_hosts, "--known-hosts"),
-            aws_access_key_id=aws_access_key_id,
-            aws_secret_access_key=(_read_secret_file(aws_secret_access_key_file, "--aws-secret-access-key-file")
-                                   or "").strip() or None,
-        )
+        changed = set_credentials(site, **values)
     except HybridtrainError as exc:
         fail(exc)
-    console.print(f"site {site}: stored {', '.join(changed) or 'nothing (give at least one option)'}")
+    console.print(f"site {site}: stored {', '.join(changed)}", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -327,6 +412,12 @@ def worker(
     if pool not in pools:
         err.print(f"--pool {pool!r} is not a pool of {ws.sites_file} (pools: {', '.join(pools)})", highlight=False)
         raise typer.Exit(2)
+    from deployments.bootstrap import check_server  # lazy: heavy (prefect)
+
+    try:  # a worker with no server to poll dies with a traceback; say which URL and what to do instead
+        check_server(f"start a worker of pool {pool}", os.environ["PREFECT_API_URL"])
+    except HybridtrainError as exc:
+        fail(exc)
     if not os.environ.get("HYBRIDTRAIN_MLFLOW_TRACKING_URI"):
         err.print("warning: HYBRIDTRAIN_MLFLOW_TRACKING_URI is not set; runs here track into this site's own "
                   "SQLite store, not the control plane's MLflow server", highlight=False)

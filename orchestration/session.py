@@ -4,6 +4,8 @@ Every entry point that runs flows opens one first (``hybridtrain run``, ``init``
 ``sweep``; from Python, ``open_session()`` before calling a flow), so a fresh clone needs no
 separate ``hybridtrain init``. Opening is idempotent; each step does only what is missing:
 
+0. **Check.** The workspace is a directory holding a valid sites catalog (``check_workspace``), before
+   anything is created or started: a wrong home leaves no ``.hybridtrain/``, no database, no server.
 1. **Environment.** When Prefect is not configured (no ``PREFECT_API_URL``, no ``PREFECT_HOME``),
    ``PREFECT_HOME`` is the workspace's ``.hybridtrain/prefect`` (created first), so ``make ui``
    shows the runs. Prefect reads its settings once, when it is imported; they are read again here,
@@ -41,6 +43,7 @@ from prefect import tags
 from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import get_current_settings
 
+from hybridtrain.cli.federated import OptionError, checked_workspace
 from hybridtrain.cli.main import init_workspace
 from hybridtrain.workspace import Workspace
 from orchestration import stale_runs
@@ -54,6 +57,19 @@ DEFAULTS = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
 }
+
+
+def check_workspace(home: Path | str | None) -> Workspace:
+    """Step 0: the workspace at ``home`` is an existing directory with a sites catalog
+    (``cli.federated.checked_workspace``), its state directories are not files and its catalog is valid;
+    ``OptionError``/``SpecError`` naming the path and the fix otherwise. Creates nothing."""
+    ws = checked_workspace(Path(home) if home is not None else None)
+    for d in (ws.state_dir, ws.prefect_home):
+        if d.exists() and not d.is_dir():
+            raise OptionError(str(d), "is a file, where hybridtrain keeps the workspace's state in a directory; move "
+                                      "the file away")
+    ws.load_sites()
+    return ws
 
 
 def apply_environment(ws: Workspace) -> None:
@@ -152,8 +168,8 @@ class Session:
 
 def open_session(home: Path | str | None = None, *, reap: bool = True) -> Session:
     """Point this process at the workspace ``home`` (default: ``HYBRIDTRAIN_HOME``, else the current directory)
-    and make it ready: steps 1-5 above. Call it before the first flow; calling it again is cheap."""
-    ws = Workspace.resolve(home)
+    and make it ready: steps 0-5 above. Call it before the first flow; calling it again is cheap."""
+    ws = check_workspace(home)
     apply_environment(ws)
     start_embedded_server()
     init_workspace(ws)
