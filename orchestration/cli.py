@@ -24,6 +24,7 @@ from hybridtrain.cli.federated import checked_workspace
 from hybridtrain.cli.main import (
     HomeOpt,
     app,
+    check_sample_options,
     console,
     ensure_sample_data,
     err,
@@ -44,6 +45,10 @@ from orchestration import sweep_cli
 __all__ = ["app", "main"]
 
 sweep_cli.register(app)
+
+
+#: The sample data seed of `demo` (the one jobs/churn.yaml's dataset.md5 pins).
+DEMO_SEED = 20261121
 
 
 def _open_session(home: Path | None) -> Any:
@@ -162,9 +167,13 @@ def demo(
     home: HomeOpt = None,
 ) -> None:
     """Everything on embedded defaults: workspace, sample data, the whole lifecycle, a summary."""
+    try:
+        check_sample_options(rows, DEMO_SEED)  # a bad --rows is one line, before the workspace is touched
+    except HybridtrainError as exc:
+        fail(exc)
     ws = open_workspace(home)
     try:
-        md5, generated = ensure_sample_data(ws, rows, 20261121, None)
+        md5, generated = ensure_sample_data(ws, rows, DEMO_SEED, None)
         sites = ws.load_sites()
         job = load_job(ws.root / spec if not spec.is_absolute() else spec, sites, _policy(ws, sites))
         if job.dataset.md5 != md5:

@@ -184,10 +184,11 @@ def test_a_home_that_is_a_file_a_typo_or_no_workspace_is_refused_leaving_nothing
     assert list(empty.iterdir()) == []
 
 
-def test_data_generate_as_a_user_runs_it_leaves_a_workspace_untouched_after_a_mistake(tmp_path):
+@pytest.mark.parametrize("command", [["data", "generate"], ["demo"]])
+def test_a_bad_rows_as_a_user_runs_it_leaves_a_workspace_untouched(tmp_path, command):
     root = make_workspace(tmp_path / "ws")
     before = tree(root)
-    out = subprocess.run([sys.executable, "-m", "orchestration.cli", "data", "generate", "--rows", "0"],
+    out = subprocess.run([sys.executable, "-m", "orchestration.cli", *command, "--rows", "0"],
                          cwd=root, capture_output=True, text=True, timeout=120, check=False,
                          env={k: v for k, v in os.environ.items() if not k.startswith(("HYBRIDTRAIN_", "PREFECT_"))})
     assert out.returncode == 2, out.stderr
