@@ -113,11 +113,21 @@ def schema(out: Annotated[Path | None, typer.Option(help="Write to this file ins
     """Print the JSON Schema of job specs (generated from the models)."""
 
     text = json.dumps(json_schema(), indent=2)
-    if out:
-        out.write_text(text + "\n")
-        console.print(f"wrote {out}")
-    else:
+    if out is None:
         sys.stdout.write(text + "\n")
+        return
+    why = ("is empty" if not str(out).strip() else "is a directory" if out.is_dir() else
+           f"is in {out.parent}, which is not a directory" if not out.parent.is_dir() else None)
+    if why:
+        fail(cli_federated.OptionError("--out", f"{str(out)!r} {why}; give a file path, e.g. --out schema.json"))
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        tmp.write_text(text + "\n")
+        os.replace(tmp, out)  # whole or not at all
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        fail(cli_federated.OptionError("--out", f"cannot write {out}: {exc.strerror}; give a path you can write"))
+    console.print(f"wrote {out}")
 
 
 # -- workspace and data ----------------------------------------------------------------------
@@ -303,16 +313,31 @@ def print_summary(summary: Any, ws: Workspace) -> None:
     console.print(UI_HINT.format(uri=ws.tracking_uri))
 
 
+#: ``status --limit`` at most.
+STATUS_MAX_RUNS = 1000
+
+
 @app.command()
 def status(
-    limit: Annotated[int, typer.Option(help="How many recent runs to show.")] = 10,
+    limit: Annotated[int, typer.Option(help=f"How many recent runs to show (1 to {STATUS_MAX_RUNS}).")] = 10,
     home: HomeOpt = None,
 ) -> None:
     """Recent lifecycle runs and each model's champion version and metrics."""
 
-    ws = Workspace.resolve(home)
+    try:
+        if not 1 <= limit <= STATUS_MAX_RUNS:
+            raise cli_federated.OptionError("--limit", f"{limit} is not a number of runs; give 1 to {STATUS_MAX_RUNS}")
+        ws = cli_federated.checked_workspace(home)
+    except HybridtrainError as exc:
+        fail(exc)
     fresh = ws.tracking_uri.startswith("sqlite:///") and not Path(ws.tracking_uri.removeprefix("sqlite:///")).exists()
-    runs = [] if fresh else (reg := Registry(ws.tracking_uri, ws.mlflow_artifacts)).recent_runs(ws.experiment, limit)
+    try:
+        runs = [] if fresh else (reg := Registry(ws.tracking_uri, ws.mlflow_artifacts)).recent_runs(ws.experiment,
+                                                                                                 limit)
+    except Exception as exc:  # noqa: BLE001 - MLflow and SQLAlchemy raise many kinds for an unreadable store
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fail(HybridtrainError(f"cannot read the tracking store {ws.tracking_uri}: {first[:200]}; check "
+                              "HYBRIDTRAIN_MLFLOW_TRACKING_URI or restore the store"))
     if not runs:
         console.print(f"no runs yet in {ws.tracking_uri}; run `make demo` or `hybridtrain run jobs/churn.yaml`")
         return

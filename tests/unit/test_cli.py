@@ -53,6 +53,33 @@ def test_schema_is_json_schema_of_the_spec():
     assert schema["title"].startswith("hybridtrain TrainingJob")
 
 
+def test_schema_out_is_refused_where_no_file_can_be_and_written_whole(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    for out, says in ((tmp_path, "is a directory"), (tmp_path / "a-file" / "s.json", "which is not a directory"),
+                      (tmp_path / "no" / "s.json", "which is not a directory")):  # each was a traceback
+        result = runner.invoke(app, ["schema", "--out", str(out)])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert " ".join(result.output.split()).startswith(f"error: --out: '{out}' ") and says in result.output
+    result = runner.invoke(app, ["schema", "--out", str(tmp_path / "s.json")])
+    assert result.exit_code == 0 and json.loads((tmp_path / "s.json").read_text())["title"].startswith("hybridtrain")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "s.json"]  # no temporary file left
+
+
+def test_status_refuses_a_bad_limit_a_missing_home_and_an_unreadable_store(workspace):
+    result = runner.invoke(app, ["status", "--limit", "0", "--home", str(workspace)])
+    assert result.exit_code == 2 and " ".join(result.output.split()) == \
+        "error: --limit: 0 is not a number of runs; give 1 to 1000"  # MLflow raised on 0 and -1
+    result = runner.invoke(app, ["status", "--home", str(workspace / "typo")])
+    assert result.exit_code == 2 and "--home" in result.output and "does not exist" in result.output
+    assert not (workspace / "typo").exists()  # it used to say "no runs yet", exit 0
+    store = workspace / ".hybridtrain" / "mlflow" / "mlflow.db"
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.write_text("not a database")
+    result = runner.invoke(app, ["status", "--home", str(workspace)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "cannot read the tracking store sqlite:///" in " ".join(result.output.split())
+
+
 def test_worker_refuses_a_pool_the_sites_catalog_lacks(workspace, monkeypatch):
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # never reached: refused before
     result = runner.invoke(app, ["worker", "--pool", "gpu", "--home", str(workspace)])
