@@ -291,6 +291,18 @@ class BundleRejected(HybridtrainError):
         super().__init__(f"model bundle {bundle} was refused:\n{lines}\n{self.advice}")
 
 
+class AuditLogUnwritable(HybridtrainError):
+    """The audit log cannot be written at all — its directory is a file, a path is not writable, the disk is
+    full: a setup problem to fix (not evidence of tampering); never retried."""
+
+    exit_code = 8
+
+    def __init__(self, log: str, reason: str):
+        self.log = log
+        self.reason = reason
+        super().__init__(f"audit log {log} cannot be written: {reason}")
+
+
 class AuditLogInvalid(HybridtrainError):
     """The audit log does not verify: records were edited, removed, reordered or cut off the end.
 

@@ -74,7 +74,7 @@ from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import to_jsonable_python
 
-from hybridtrain.errors import AuditLogInvalid, HybridtrainError, Problem, TransientError
+from hybridtrain.errors import AuditLogInvalid, AuditLogUnwritable, Problem, TransientError
 from hybridtrain.governance.signing_key import SigningKey, VerifyKey
 
 #: What records may say happened. New kinds are added here, so a typo cannot invent one.
@@ -85,18 +85,6 @@ DEFAULT_RELATIVE_PATH = Path(".hybridtrain") / "audit" / "audit.jsonl"
 LOCK_TIMEOUT_S = 60.0
 _HEAD_PURPOSE = "hybridtrain-audit-head"
 _TAIL_CHUNK = 64 * 1024
-
-
-class AuditLogUnwritable(HybridtrainError):
-    """The audit log cannot be written at all — its directory is a file, a path is not writable, the disk is
-    full: a setup problem to fix (not evidence of tampering); never retried."""
-
-    exit_code = 8
-
-    def __init__(self, log: str, reason: str):
-        self.log = log
-        self.reason = reason
-        super().__init__(f"audit log {log} cannot be written: {reason}")
 
 
 class SigningKeySource(Protocol):
