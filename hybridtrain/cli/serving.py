@@ -15,14 +15,18 @@ only ``--model``, from the target specs recorded on the champion version.
 
 from __future__ import annotations
 
+import errno
 import getpass
+import math
+import signal
+import socket
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from hybridtrain.errors import HybridtrainError
+from hybridtrain.errors import HybridtrainError, Problem, SpecError
 from hybridtrain.workspace import Workspace
 
 console = Console()
@@ -41,6 +45,57 @@ def _fail(exc: HybridtrainError) -> typer.Exit:
     return typer.Exit(exc.exit_code)
 
 
+HOST_FIX = "give 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or another address or name of this machine"
+PORT_FIX = "choose another --port (0: any free one)"
+
+
+def _serve_option_problems(host: str, port: int, poll: float, threads: int) -> list[Problem]:
+    """Every option of ``serve`` that cannot work, checked before anything loads or is written."""
+    from hybridtrain.serving.service import MIN_POLL_S
+
+    problems = []
+    if not host.strip():
+        problems.append(Problem("--host", f"empty; {HOST_FIX}"))
+    else:
+        try:
+            socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except (socket.gaierror, UnicodeError) as exc:
+            why = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+            problems.append(Problem("--host", f"{host!r} is not an address or a name that resolves ({why}); "
+                                              f"{HOST_FIX}"))
+    if not 0 <= port <= 65535:
+        problems.append(Problem("--port", f"{port} is not a port; give 1-65535 (0: any free one)"))
+    if not (math.isfinite(poll) and poll >= MIN_POLL_S):
+        problems.append(Problem("--poll", f"{poll} is not a polling interval; give the seconds between checks of the "
+                                          f"target's pointers, a number >= {MIN_POLL_S} (e.g. --poll 2)"))
+    if threads < 1:
+        problems.append(Problem("--threads", f"{threads} is not a thread count; give 1 or more (1 is fastest for "
+                                             "this model's requests)"))
+    return problems
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """``bind(host, port)``, its refusals as one line naming --host or --port."""
+    from hybridtrain.serving.server import bind
+
+    try:
+        return bind(host, port)
+    except socket.gaierror as exc:
+        raise SpecError("serve", [Problem("--host", f"{host!r} does not resolve ({exc.strerror}); {HOST_FIX}")]) from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRNOTAVAIL:
+            problem = Problem("--host", f"{host} is not an address of this machine; {HOST_FIX}")
+        elif exc.errno == errno.EADDRINUSE:
+            problem = Problem("--port", f"{host}:{port} is in use; {PORT_FIX}")
+        elif exc.errno in (errno.EACCES, errno.EPERM):
+            problem = Problem("--port", f"not allowed to listen on {host}:{port} (ports below 1024 need privileges); "
+                                        f"{PORT_FIX}")
+        else:
+            problem = Problem("--host", f"cannot listen on {host}:{port} ({exc.strerror or exc}); {HOST_FIX}, or "
+                                        f"{PORT_FIX}")
+        raise SpecError("serve", [problem]) from None
+
+
 def serve_command(
     target: Annotated[str, typer.Argument(help="Release target name (promotion.release_targets[].name).")],
     spec: SpecOpt = None,
@@ -55,26 +110,40 @@ def serve_command(
     """Serve the version TARGET's current pointer names, after its bundle verifies; follow the pointer."""
     import logging
 
-    from hybridtrain.serving.server import bind, run
+    from hybridtrain.serving.server import Terminated, run, sigterm_unwinds
     from hybridtrain.serving.service import build_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     try:
-        ws = Workspace.resolve(home)
-        server = build_server(ws, target, spec_path=spec, model=model, public_key=public_key, poll_s=poll)
-        sock = bind(host, port)
-        bound_host, bound_port = sock.getsockname()[:2]
-        server.url = f"http://{bound_host}:{bound_port}"
-        sv = server.start()
+        # SIGTERM (kill, a supervisor) unwinds from here on, so the status written at start is removed again.
+        with sigterm_unwinds():
+            problems = _serve_option_problems(host, port, poll, threads)
+            if problems:
+                raise SpecError("serve", problems)
+            ws = Workspace.resolve(home)
+            sock = _listen(host, port)
+            server = build_server(ws, target, spec_path=spec, model=model, public_key=public_key, poll_s=poll)
+            bound_host, bound_port = sock.getsockname()[:2]
+            server.url = f"http://{bound_host}:{bound_port}"
+            try:
+                sv = server.start()
+                print(f"serving {server.model} v{sv.version} from {target} at {server.url} (site {server.site})",
+                      flush=True)
+                run(server, sock, threads=threads)
+            finally:
+                server.stop()  # start() published the status: however serving ends, it is removed
     except HybridtrainError as exc:
         raise _fail(exc) from None
-    except OSError as exc:
-        err_console.print(f"error: cannot listen on {host}:{port} ({exc.strerror}); choose another --port (0: any "
-                          "free one)", style="red", highlight=False, markup=False)
-        raise typer.Exit(2) from None
-    print(f"serving {server.model} v{sv.version} from {target} at {server.url} (site {server.site})", flush=True)
-    run(server, sock, threads=threads)
+    except OSError as exc:  # the target, the cache or the workspace could not be read or written
+        where = f"{exc.filename}: " if exc.filename else ""
+        err_console.print(f"error: serve: {where}{exc.strerror or exc}; check that it exists and this user may read "
+                          "and write it", style="red", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    except Terminated as exc:
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(128 + signal.SIGINT) from None
 
 
 def canary_command(
@@ -92,25 +161,24 @@ def canary_command(
     home: HomeOpt = None,
 ) -> None:
     """Release VERSION to TARGET alone as a canary; its servers promote or roll it back on live traffic."""
-    from pydantic import ValidationError
+    from hybridtrain.serving.canary import limit_problems
+    from hybridtrain.serving.service import check_version, start_canary
 
-    from hybridtrain.errors import Problem, SpecError
-    from hybridtrain.serving.service import start_canary
-
+    limits = {"share": share, "min_requests": min_requests, "max_error_rate_increase": max_error_rate_increase,
+              "max_p99_ratio": max_p99_ratio, "max_score_ks": max_score_ks}
     try:
+        # Every option first, all of them reported: nothing is released to the target while one is wrong.
+        problems = [Problem("--" + p.path.replace("_", "-"), p.message) for p in limit_problems(limits)]
+        if problems:
+            raise SpecError("canary", problems)
+        check_version(version, command="canary")
         ws = Workspace.resolve(home)
-        try:
-            plan = start_canary(ws, target, version, spec_path=spec, model=model, public_key=public_key,
-                                actor=actor or f"cli:{getpass.getuser()}", share=share, min_requests=min_requests,
-                                max_error_rate_increase=max_error_rate_increase, max_p99_ratio=max_p99_ratio,
-                                max_score_ks=max_score_ks)
-        except ValidationError as exc:
-            e = exc.errors()[0]
-            raise SpecError("canary", [Problem("--" + str(e["loc"][0]).replace("_", "-"), e["msg"])]) from None
+        plan = start_canary(ws, target, version, spec_path=spec, model=model, public_key=public_key,
+                            actor=actor or f"cli:{getpass.getuser()}", **limits)
     except HybridtrainError as exc:
         raise _fail(exc) from None
     console.print(f"canary: {plan.share:.0%} of {target}'s requests go to {plan.model} v{plan.version}; judged after "
-                  f"{plan.min_requests} requests each", highlight=False, markup=False)
+                  f"{plan.min_requests} requests each", highlight=False, markup=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

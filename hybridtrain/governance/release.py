@@ -45,7 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hybridtrain.errors import BundleRejected, Problem, ReleaseRefused, SpecError
 from hybridtrain.governance.bundle import ModelBundle
@@ -189,10 +189,16 @@ class _Target:
 
     def marker(self, model: str, version: str) -> ReleaseMarker | None:
         _check(model, version)
+        key = self._marker_key(model, version)
         try:
-            return ReleaseMarker.model_validate_json(self.meta.get_bytes(self._marker_key(model, version)))
+            raw = self.meta.get_bytes(key)
         except FileNotFoundError:
             return None
+        fix = f"delete it and release v{version} there again"  # without its marker the version is not listed
+        marker = self._read_json(ReleaseMarker, raw, model, key, "release marker", fix)
+        if (marker.model, marker.version) != (model, version):
+            raise self._unreadable(model, key, "release marker", f"it is for {marker.model} v{marker.version}", fix)
+        return marker
 
     def versions(self, model: str) -> list[str]:
         _check(model)
@@ -202,11 +208,34 @@ class _Target:
         return sorted(found, key=version_order)
 
     def current(self, model: str) -> str | None:
+        """The version the ``current`` pointer names; None without one. A pointer that is not one this module
+        wrote (truncated, edited, naming a version that is not a version) raises ``ReleaseRefused`` naming it."""
         _check(model)
+        key = f"current/{model}.json"
         try:
-            return CurrentPointer.model_validate_json(self.meta.get_bytes(f"current/{model}.json")).version
+            raw = self.meta.get_bytes(key)
         except FileNotFoundError:
             return None
+        fix = "release a version there again, which rewrites it"
+        pointer = self._read_json(CurrentPointer, raw, model, key, "current pointer", fix)
+        if pointer.model != model:
+            raise self._unreadable(model, key, "current pointer", f"it names model {pointer.model!r}", fix)
+        if not VERSION_RE.match(pointer.version):
+            raise self._unreadable(model, key, "current pointer", f"{pointer.version!r} is not a version", fix)
+        return pointer.version
+
+    def _read_json(self, cls: type[BaseModel], raw: bytes, model: str, key: str, what: str, fix: str) -> Any:
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError as exc:
+            e = exc.errors()[0]  # the first says enough: the object as a whole is not one a release wrote
+            where = ".".join(str(x) for x in e["loc"])
+            raise self._unreadable(model, key, what, f"{where + ': ' if where else ''}{e['msg']}", fix) from None
+
+    def _unreadable(self, model: str, key: str, what: str, why: str, fix: str) -> ReleaseRefused:
+        # Only a release writes markers and pointers, each atomically: a bad one was edited or cut short by hand.
+        return ReleaseRefused(model, f"target {self.name}'s {what} {self.url.rstrip('/')}/{key} is unreadable "
+                                     f"({why}): it was edited or truncated; restore it from a backup, or {fix}")
 
     def accept(self, bundle: ModelBundle) -> ReleaseMarker:
         """Verify ``bundle`` with this target's key, store it, then mark it released. Idempotent for the same

@@ -21,6 +21,7 @@ each; v2's p99 3.1 ms vs 2.9 ms, no errors, KS 0.04 → promoted; the server swa
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,9 +29,9 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hybridtrain.errors import ReleaseRefused
+from hybridtrain.errors import Problem, ReleaseRefused, SpecError
 
 CANARY_KEY = "canary/{model}.json"
 LATENCY_SLACK_MS = 5.0
@@ -43,29 +44,87 @@ class CanaryPlan(BaseModel):
 
     model: str = Field(description="Registered model name.")
     version: str = Field(description="The version on trial; the target must already hold it.")
-    share: float = Field(0.1, gt=0, lt=1, description="Share of requests routed to the canary.")
+    # Finite numbers only: JSON has no NaN or infinity, so the stored pointer could not be read back.
+    share: float = Field(0.1, gt=0, lt=1, allow_inf_nan=False, description="Share of requests routed to the canary.")
     min_requests: int = Field(200, ge=10, description="Requests each version must have served before judging.")
-    max_error_rate_increase: float = Field(0.01, ge=0, le=1, description="Allowed rise in error rate.")
-    max_p99_ratio: float = Field(1.5, gt=0, description="Allowed canary p99 latency / current p99 latency.")
-    max_score_ks: float = Field(0.2, gt=0, le=1, description="Allowed KS statistic between the two score samples.")
+    max_error_rate_increase: float = Field(0.01, ge=0, le=1, allow_inf_nan=False,
+                                           description="Allowed rise in error rate.")
+    max_p99_ratio: float = Field(1.5, gt=0, allow_inf_nan=False,
+                                 description="Allowed canary p99 latency / current p99 latency.")
+    max_score_ks: float = Field(0.2, gt=0, le=1, allow_inf_nan=False,
+                                description="Allowed KS statistic between the two score samples.")
     started_at: str = Field(description="When the canary started (UTC).")
+
+
+LIMITS = ("share", "min_requests", "max_error_rate_increase", "max_p99_ratio", "max_score_ks")
+
+
+def _bounds(name: str) -> str:
+    """``"> 0 and < 1"`` from the field's constraints."""
+    words = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    found = [f"{words[attr]} {getattr(m, attr)}" for m in CanaryPlan.model_fields[name].metadata for attr in words
+             if getattr(m, attr, None) is not None]
+    return " and ".join(found)
+
+
+def limit_problems(limits: dict[str, Any]) -> list[Problem]:
+    """Every limit in ``limits`` that a ``CanaryPlan`` refuses, one ``Problem`` each (path: the field's name)."""
+    unknown = sorted(set(limits) - set(LIMITS))
+    if unknown:
+        raise TypeError(f"not canary limits: {', '.join(unknown)}")
+    try:
+        CanaryPlan(model="m", version="v", started_at="", **limits)
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors():
+            name = str(e["loc"][0])
+            value, field = e.get("input"), CanaryPlan.model_fields[name]
+            kind = "a whole number" if field.annotation is int else "a number"
+            if isinstance(value, float) and math.isnan(value):
+                what = f"{value} is not a number"
+            elif isinstance(value, float) and math.isinf(value):
+                what = f"{value} is not a finite number"
+            elif "than" in e["type"]:  # greater_than, less_than_equal, ...
+                what = f"{value!r} is out of range"
+            else:
+                what = f"{value!r}: {e['msg'][:1].lower() + e['msg'][1:]}"
+            about = (field.description or name).rstrip(".")
+            problems.append(Problem(name, f"{what}; give {kind} {_bounds(name)} "
+                                          f"({about[:1].lower() + about[1:]}; default {field.default})"))
+        return problems
+    return []
+
+
+def new_plan(model: str, version: str, **limits: Any) -> CanaryPlan:
+    """A plan for ``version`` under ``limits``; ``SpecError`` listing every limit out of range."""
+    problems = limit_problems(limits)
+    if problems:
+        raise SpecError("canary", problems)
+    return CanaryPlan(model=model, version=version, started_at=_now(), **limits)
 
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def start(target: Any, audit: Any, *, model: str, version: str, actor: str, **limits: Any) -> CanaryPlan:
-    """Put ``version`` on trial at ``target`` (which must hold it, and not serve it already)."""
-    if version not in target.versions(model):
-        raise ReleaseRefused(model, f"target {target.name} does not hold v{version}; release (stage) it there first")
+def check_target(target: Any, model: str, version: str) -> str:
+    """The version ``target`` serves, which a canary of ``version`` is compared with; ``ReleaseRefused`` when it
+    serves none or ``version`` itself (checked before anything is released to it)."""
     current = target.current(model)
     if current is None:
         raise ReleaseRefused(model, f"target {target.name} serves no version yet, so there is nothing to compare a "
                                     "canary with; release it normally")
     if current == version:
         raise ReleaseRefused(model, f"target {target.name} already serves v{version}")
-    plan = CanaryPlan(model=model, version=version, started_at=_now(), **limits)
+    return current
+
+
+def start(target: Any, audit: Any, *, model: str, version: str, actor: str, **limits: Any) -> CanaryPlan:
+    """Put ``version`` on trial at ``target`` (which must hold it, and not serve it already)."""
+    plan = new_plan(model, version, **limits)
+    if version not in target.versions(model):
+        raise ReleaseRefused(model, f"target {target.name} does not hold v{version}; release (stage) it there first")
+    current = check_target(target, model, version)
     target.meta.put_bytes(CANARY_KEY.format(model=model), plan.model_dump_json().encode())
     audit.append(actor=actor, action="canary", subject=f"model {model} v{version}",
                  inputs={"target": target.name, "current": current, **plan.model_dump(exclude={"model", "version"})},
@@ -75,10 +134,23 @@ def start(target: Any, audit: Any, *, model: str, version: str, actor: str, **li
 
 def plan_of(target: Any, model: str) -> CanaryPlan | None:
     """The target's canary pointer, or None."""
+    key = CANARY_KEY.format(model=model)
     try:
-        return CanaryPlan.model_validate_json(target.meta.get_bytes(CANARY_KEY.format(model=model)))
+        raw = target.meta.get_bytes(key)
     except FileNotFoundError:
         return None
+    try:
+        plan = CanaryPlan.model_validate_json(raw)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        where = ".".join(str(x) for x in e["loc"])
+        raise ReleaseRefused(model, f"target {target.name}'s canary pointer {target.meta.url.rstrip('/')}/{key} is "
+                                    f"unreadable ({where + ': ' if where else ''}{e['msg']}): it was edited or "
+                                    "truncated; delete it (no canary), or start the canary again") from None
+    if plan.model != model:
+        raise ReleaseRefused(model, f"target {target.name}'s canary pointer {target.meta.url.rstrip('/')}/{key} is "
+                                    f"for model {plan.model!r}; delete it (no canary), or start the canary again")
+    return plan
 
 
 def clear(target: Any, model: str) -> None:
@@ -139,8 +211,8 @@ def judge(plan: CanaryPlan, current: dict[str, Any], canary: dict[str, Any]) -> 
         "canary": {k: v for k, v in canary.items() if k != "scores"},
     }
     if min(current["requests"], canary["requests"]) < plan.min_requests:
-        return Verdict("wait", [f"{canary['requests']} canary and {current['requests']} current requests so far; "
-                                f"{plan.min_requests} each are needed"], evidence)
+        return Verdict("wait", [(f"{canary['requests']} canary and {current['requests']} current requests so far; "
+                                 f"{plan.min_requests} each are needed")], evidence)
     reasons, failed = [], False
     rise = canary["error_rate"] - current["error_rate"]
     ok = rise <= plan.max_error_rate_increase

@@ -32,17 +32,20 @@ Other request forms go through MLflow's parser and ``predict``, with the same sc
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,7 +53,7 @@ from typing import Any
 
 from fastapi import Request  # at module level: the app's endpoint annotations are resolved from these globals
 
-from hybridtrain.errors import BundleRejected, Problem
+from hybridtrain.errors import BundleRejected, HybridtrainError, Problem
 from hybridtrain.governance.bundle import WEIGHTS_DIR, ModelBundle
 from hybridtrain.serving import canary as canary_mod
 from hybridtrain.serving.canary import CanaryPlan, LiveStats
@@ -59,6 +62,7 @@ from hybridtrain.serving.request import RECORDS_KEY, BadRecords, RecordReader
 log = logging.getLogger(__name__)
 RETRY_REFUSED_S = 30.0
 KEEP_ALIVE_S = 30
+GRACEFUL_S = 10  # at shutdown, how long requests in flight get to finish
 
 
 def _now() -> str:
@@ -373,11 +377,20 @@ class ModelServer:
     def watch(self) -> None:
         """Start the background thread that follows the pointers."""
         def loop() -> None:
+            said = None  # a problem is logged when it starts or changes, not at every poll
             while not self._stop.wait(self.poll_s):
                 try:
                     self.refresh()
+                    said = None
                 except OSError as exc:  # the target's store is unreachable: keep serving what we have
-                    log.warning("%s: could not read target %s (%s); still serving", self.model, self.target.name, exc)
+                    if str(exc) != said:
+                        log.warning("%s: could not read target %s (%s); still serving", self.model, self.target.name,
+                                    exc)
+                    said = str(exc)
+                except HybridtrainError as exc:  # a pointer there is unreadable: the same, and say which
+                    if str(exc) != said:
+                        log.warning("%s; still serving", exc)
+                    said = str(exc)
 
         self._watcher = threading.Thread(target=loop, name="hybridtrain-serve-watcher", daemon=True)
         self._watcher.start()
@@ -554,35 +567,91 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived (``kill``, a supervisor stopping the process). Raised in the main thread so that ``finally``
+    blocks run — the server stops its watcher and removes its status from the target — before the process exits
+    with ``exit_code`` (128 + SIGTERM, as a shell reports a death by that signal). A ``BaseException``, like
+    ``KeyboardInterrupt``: no ``except Exception`` on the way may swallow it."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Within: SIGTERM raises ``Terminated`` in the main thread instead of killing the process on the spot
+    (a no-op outside the main thread, where signal handlers cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(server: ModelServer, sock: socket.socket, threads: int = 1, handle_signals: bool = True) -> None:
     """Serve HTTP on ``sock`` until interrupted (SIGINT/SIGTERM), then stop the watcher and remove the status.
 
     ``threads``: torch's intra-op threads (scoring runs under ``torch.inference_mode``). One is fastest for this
     network's requests (a 1,000-record batch is ~0.4 ms of arithmetic); more only adds thread wake-ups to every
-    request. ``handle_signals=False`` leaves SIGTERM/SIGINT to the process's own handlers instead of uvicorn's
-    graceful shutdown: inside a Prefect flow run, Prefect's handler must stay installed, or a cancel from the
-    worker is not acknowledged and the run ends Crashed instead of Cancelled.
-    """
-    import contextlib
+    request. ``handle_signals=False`` leaves SIGTERM/SIGINT to the process's own handlers: inside a Prefect flow
+    run, Prefect's handler must stay installed, or a cancel from the worker is not acknowledged and the run ends
+    Crashed instead of Cancelled. With ``handle_signals``, SIGTERM raises ``Terminated`` (``sigterm_unwinds``)
+    and SIGINT ``KeyboardInterrupt``.
 
+    The event loop runs in a thread of its own; this (main) thread only waits for it. A signal handler's
+    exception is raised here, then, not inside the loop — where uvloop runs Python signal handlers in a callback
+    and only logs what they raise, and uvicorn answers an exception inside a request with a 500 and carries on.
+    So any signal that raises — ``Terminated``, ``KeyboardInterrupt``, Prefect's ``TerminationSignal`` on a
+    cancel — ends the same way: uvicorn shuts down gracefully (requests in flight finish, up to ``GRACEFUL_S``),
+    the status is removed from the target, and the exception goes on to the caller.
+    """
     import torch
     import uvicorn
 
-    class _WithoutSignalHandlers(uvicorn.Server):
-        def capture_signals(self) -> Any:
-            return contextlib.nullcontext()
-
-    torch.set_num_threads(max(1, threads))
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    torch.set_num_threads(threads)
     host, port = sock.getsockname()[:2]
     server.url = server.url or f"http://{host}:{port}"
-    server._publish_status()
     # Keep-alive for clients that reuse connections; no lifespan, Server or Date header work per request.
     config = uvicorn.Config(create_app(server), log_level="warning", access_log=False, lifespan="off",
-                            server_header=False, date_header=False, timeout_keep_alive=KEEP_ALIVE_S)
-    gc.freeze()  # the loaded models and modules: out of every later collection's scan
-    server.watch()
-    try:
-        (uvicorn.Server(config) if handle_signals else _WithoutSignalHandlers(config)).run(sockets=[sock])
-    finally:
-        server.stop()
+                            server_header=False, date_header=False, timeout_keep_alive=KEEP_ALIVE_S,
+                            timeout_graceful_shutdown=GRACEFUL_S)
+    http = uvicorn.Server(config)  # outside the main thread it installs no signal handlers of its own
+    failed: list[BaseException] = []
+    done = threading.Event()
 
+    def serve_http() -> None:
+        try:
+            http.run(sockets=[sock])
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which raises it
+            failed.append(exc)
+        finally:
+            done.set()
+
+    # Waited for with an Event, not Thread.join: a join that a signal's exception interrupts marks the thread
+    # stopped while it still runs (CPython 3.11), and an event loop still running as the interpreter exits crashes.
+    loop_thread = threading.Thread(target=serve_http, name="hybridtrain-serve-http", daemon=True)
+    with sigterm_unwinds() if handle_signals else contextlib.nullcontext():
+        try:
+            server._publish_status()
+            gc.freeze()  # the loaded models and modules: out of every later collection's scan
+            server.watch()
+            loop_thread.start()
+            while not done.wait(timeout=1.0):  # a signal's handler runs (and raises) here
+                pass
+        finally:
+            try:
+                http.should_exit = True  # graceful: requests in flight finish
+                if loop_thread.ident is not None:
+                    done.wait(timeout=GRACEFUL_S + 5)
+            finally:
+                server.stop()
+    if failed:
+        raise failed[0]

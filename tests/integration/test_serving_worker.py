@@ -137,6 +137,9 @@ def test_serving_deployments_run_in_their_pools_workers_and_serve_releases(prefe
                     return True
 
             wait_until(closed, f"the {pool} server's port to close after the cancel", timeout=60, every=0.5)
+            target = next(t for t in releaser.targets if t.name == SERVES_AT[pool][1])
+            wait_until(lambda target=target: not list(target.meta.list(f"serving/{MODEL}/")),
+                       f"the cancelled {pool} server's status to be removed from {target.name}", timeout=30, every=0.2)
             del run_ids[pool]
     finally:
         for run_id in run_ids.values():
