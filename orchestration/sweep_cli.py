@@ -68,12 +68,14 @@ def sweep(
     try:
         sites = ws.load_sites()
         # every check `hybridtrain validate` makes (samplers, pruners, the policy's job classes, gates...)
-        job = load_job(path, sites, Policy.load(ws.policy_file, sites) if ws.policy_file.is_file() else None)
+        policy = Policy.load(ws.policy_file, sites) if ws.policy_file.is_file() else None
+        job = load_job(path, sites, policy)
         if job.sweep is None:
             raise SpecError(str(spec), [Problem("sweep", "this job spec has no sweep section: add one (README, "
                                                          "'Hyperparameter sweeps') or run it with `hybridtrain run`")])
         if plan:
-            _print_plan(ws, job, sites, dataset_bytes, queue or [], as_json, storage)
+            _print_plan(ws, job, sites, policy or Policy.load(ws.policy_file, sites), dataset_bytes, queue or [],
+                        as_json, storage)
             return
         from orchestration.session import open_session, owned_runs  # lazy: heavy (prefect)
 
@@ -91,15 +93,14 @@ def sweep(
     print_summary(summary)
 
 
-def _print_plan(ws: Any, job: Any, sites: Any, dataset_bytes: int, queue: list[str], as_json: bool,
+def _print_plan(ws: Any, job: Any, sites: Any, policy: Any, dataset_bytes: int, queue: list[str], as_json: bool,
                 storage: str | None = None) -> None:
     from hybridtrain.cli.placement import parse_queue
-    from hybridtrain.placement.policy import Policy
     from hybridtrain.sweeps.plan import plan_sweep
     from hybridtrain.sweeps.study import storage_url
 
     queues = {q.site: q for q in (parse_queue(text, sites) for text in queue)}
-    result = plan_sweep(job, sites, Policy.load(ws.policy_file, sites), dataset_bytes=dataset_bytes,
+    result = plan_sweep(job, sites, policy, dataset_bytes=dataset_bytes,
                         now=datetime.now(UTC), queues=queues)
     if as_json:
         console.print_json(json.dumps({**result.model_dump(mode="json"), "cost_usd": result.cost_usd,
