@@ -15,7 +15,8 @@ to it, and keeps a window of each version's outcomes (``LiveStats``). Once both 
 
 All pass: **promote** — the target's ``current`` moves to the canary version, the pointer is
 removed. Any fails: **rollback** — the pointer is removed, ``current`` stays. Every step
-(start, promote, rollback) is an audit-log record. Example: v2 canary at 20 %, 200 requests
+(start, promote, rollback) is an audit-log record, and a step whose record cannot be written is refused
+before any pointer moves (a server then keeps the canary running and says why, once). Example: v2 canary at 20 %, 200 requests
 each; v2's p99 3.1 ms vs 2.9 ms, no errors, KS 0.04 → promoted; the server swaps to v2.
 """
 
@@ -125,10 +126,17 @@ def start(target: Any, audit: Any, *, model: str, version: str, actor: str, **li
     if version not in target.versions(model):
         raise ReleaseRefused(model, f"target {target.name} does not hold v{version}; release (stage) it there first")
     current = check_target(target, model, version)
-    target.meta.put_bytes(CANARY_KEY.format(model=model), plan.model_dump_json().encode())
-    audit.append(actor=actor, action="canary", subject=f"model {model} v{version}",
-                 inputs={"target": target.name, "current": current, **plan.model_dump(exclude={"model", "version"})},
-                 outcome=f"started: {plan.share:.0%} of {target.name}'s requests go to v{version}, v{current} keeps the rest")
+    audit.check_appendable()  # its record must not go missing: refused before the pointer is written
+    key = CANARY_KEY.format(model=model)
+    target.meta.put_bytes(key, plan.model_dump_json().encode())
+    try:
+        audit.append(actor=actor, action="canary", subject=f"model {model} v{version}",
+                     inputs={"target": target.name, "current": current, **plan.model_dump(exclude={"model", "version"})},
+                     outcome=f"started: {plan.share:.0%} of {target.name}'s requests go to v{version}, "
+                             f"v{current} keeps the rest")
+    except BaseException:
+        target.meta.delete(key)  # no canary without its record
+        raise
     return plan
 
 
@@ -239,6 +247,7 @@ def conclude(target: Any, audit: Any, plan: CanaryPlan, verdict: Verdict, *, act
     live = plan_of(target, plan.model)
     if live is None or live.version != plan.version or live.started_at != plan.started_at:
         return  # another server of this target concluded it first
+    audit.check_appendable()  # refused before ``current`` or the pointer moves: every step has its record
     previous = target.current(plan.model)
     if verdict.decision == "promote":
         target.set_current(plan.model, plan.version)

@@ -172,6 +172,7 @@ class ModelServer:
         self._stop = threading.Event()
         self._refresh_lock = threading.Lock()
         self._watcher: threading.Thread | None = None
+        self._judge_blocked: tuple[str, float] | None = None  # why a verdict could not be carried out, and when
         self._input_schema: Any = None
 
     # -- versions ----------------------------------------------------------------------------
@@ -308,14 +309,26 @@ class ModelServer:
     def _maybe_judge(self, routing: Routing) -> None:
         assert routing.plan is not None and routing.canary is not None
         verdict = canary_mod.judge(routing.plan, routing.current.stats.snapshot(), routing.canary.stats.snapshot())
-        if verdict.decision == "wait" or not self._refresh_lock.acquire(blocking=False):
+        if verdict.decision == "wait":
+            return
+        blocked = self._judge_blocked
+        if blocked is not None and time.monotonic() - blocked[1] < self.poll_s:
+            return  # tried a moment ago: the request path does not retry on every call
+        if not self._refresh_lock.acquire(blocking=False):
             return
         try:
             if self.routing is not routing:
                 return
             canary_mod.conclude(self.target, self.audit, routing.plan, verdict, actor=self.actor)
+        except HybridtrainError as exc:  # e.g. the audit log cannot take the record: nothing moved; keep the canary
+            if blocked is None or blocked[0] != str(exc):
+                log.error("%s: canary v%s not %s: %s; the canary keeps running until it can be recorded", self.model,
+                          routing.plan.version, "promoted" if verdict.decision == "promote" else "rolled back", exc)
+            self._judge_blocked = (str(exc), time.monotonic())
+            return
         finally:
             self._refresh_lock.release()
+        self._judge_blocked = None
         self.refresh()
 
     # -- records -----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import pytest
 from hybridtrain.drill.loopback import free_port
 from hybridtrain.governance.audit_log import AuditLog
 from hybridtrain.governance.signing_key import SigningKey
+from hybridtrain.serving import canary
 from hybridtrain.specs.job import load_spec
 from hybridtrain.stages.promotion import releaser_for
 from hybridtrain.tracking.model_registry import Registry
@@ -258,6 +259,24 @@ def test_canary_whose_scores_shift_is_rolled_back_by_the_server(env, onprem):
     current = version_of(onprem)["version"]
     env["releaser"].stage(env["bundles"]["bad_canary"])
     _canary(env, bad)
+    # While the audit log cannot take the verdict's record, nothing moves and every request is still served.
+    wait_for(lambda: version_of(onprem)["canary"] is not None, what="the server to pick up the canary")
+    audit_dir = env["root"] / ".hybridtrain" / "audit"
+    aside = audit_dir.with_name("audit-aside")
+    audit_dir.rename(aside)
+    audit_dir.write_text("a file where the audit log's directory belongs\n")
+    try:
+        payload, _ = records_payload(3)
+        with httpx.Client(timeout=30) as client:
+            for _ in range(120):  # ~60 per version: three times the canary's --min-requests
+                r = client.post(f"{onprem}/invocations", json=payload)
+                assert r.status_code == 200, r.text
+        assert version_of(onprem)["canary"]["version"] == bad
+        assert canary.plan_of(env["targets"]["onprem-serving"], MODEL).version == bad
+        assert env["targets"]["onprem-serving"].current(MODEL) == current
+    finally:
+        audit_dir.unlink()
+        aside.rename(audit_dir)
     _drive_until_concluded(onprem)
     assert version_of(onprem)["version"] == current
     assert env["targets"]["onprem-serving"].current(MODEL) == current

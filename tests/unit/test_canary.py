@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hybridtrain.errors import ReleaseRefused
-from hybridtrain.governance.audit_log import AuditLog
+from hybridtrain.governance.audit_log import AuditLog, AuditLogUnwritable
 from hybridtrain.governance.release import DirectoryTarget
 from hybridtrain.governance.signing_key import SigningKey
 from hybridtrain.serving import canary
@@ -88,3 +88,48 @@ def test_reset_starts_a_fresh_window_for_a_canary():
     s.record(1.0, False, [0.1])
     snap = s.snapshot()
     assert (snap["requests"], snap["error_rate"], list(snap["scores"])) == (1, 0.0, [0.1])
+
+
+def _served_target(tmp_path) -> DirectoryTarget:
+    t = DirectoryTarget("edge-serving", tmp_path / "t", KEY.public)
+    for v in ("1", "2"):
+        t.accept(make_bundle(tmp_path / "b" / v, KEY, model=MODEL, version=v))
+    t.set_current(MODEL, "1")
+    return t
+
+
+def test_a_canary_step_whose_record_cannot_be_written_moves_nothing(tmp_path):
+    t = _served_target(tmp_path)
+    audit = AuditLog(tmp_path / "audit" / "audit.jsonl")
+    p = canary.start(t, audit, model=MODEL, version="2", actor="test")
+    (tmp_path / "audit").rename(tmp_path / "aside")
+    (tmp_path / "audit").write_text("a file where the log's directory belongs\n")
+    with pytest.raises(AuditLogUnwritable):
+        canary.conclude(t, audit, p, canary.Verdict("promote", ["ok"], {}), actor="server")
+    assert canary.plan_of(t, MODEL) == p and t.current(MODEL) == "1"  # neither pointer moved
+    canary.clear(t, MODEL)
+    with pytest.raises(AuditLogUnwritable):
+        canary.start(t, audit, model=MODEL, version="2", actor="test")
+    assert canary.plan_of(t, MODEL) is None
+
+
+class _AppendFails:
+    """A real audit log whose append fails after its preflight passed (the disk filled up in between)."""
+
+    def __init__(self, log: AuditLog):
+        self.log = log
+
+    def check_appendable(self) -> None:
+        self.log.check_appendable()
+
+    def append(self, **_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_canary_whose_start_record_fails_is_not_left_started(tmp_path):
+    t = _served_target(tmp_path)
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    with pytest.raises(OSError, match="No space"):
+        canary.start(t, _AppendFails(audit), model=MODEL, version="2", actor="test")
+    assert canary.plan_of(t, MODEL) is None and t.current(MODEL) == "1"
+    assert list(audit.records()) == []
