@@ -88,10 +88,10 @@ def _check_tree(root: yaml.Node) -> None:
     sizes: dict[int, int] = {}
     active: set[int] = set()
     problems: list[Problem] = []
-    # Iterative post-order walk: (node, children pushed yet?).
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    # Iterative post-order walk: (node, children pushed yet?, its dotted path — the first one, for an alias).
+    stack: list[tuple[yaml.Node, bool, str]] = [(root, False, "")]
     while stack:
-        node, expanded = stack.pop()
+        node, expanded, path = stack.pop()
         nid = id(node)
         if expanded:
             active.discard(nid)
@@ -109,19 +109,19 @@ def _check_tree(root: yaml.Node) -> None:
             raise YamlRefused([Problem("", "an alias refers to the collection that contains it (a recursive "
                                            "document); remove the alias", node.start_mark.line + 1)])
         active.add(nid)
-        stack.append((node, True))
+        stack.append((node, True, path))
         if isinstance(node, yaml.ScalarNode):
             if "\x00" in node.value:
                 problems.append(Problem("", "contains a NUL character (\\0); remove it", node.start_mark.line + 1))
         elif isinstance(node, yaml.MappingNode):
-            problems += _duplicate_keys(node)
-        for child in _children(node):
+            problems += _duplicate_keys(node, path)
+        for child, where in _children_at(node, path):
             cid = id(child)
             if cid in active:
                 raise YamlRefused([Problem("", "an alias refers to the collection that contains it (a recursive "
                                                "document); remove the alias", child.start_mark.line + 1)])
             if cid not in sizes:
-                stack.append((child, False))
+                stack.append((child, False, where))
     if problems:
         raise YamlRefused(problems)
 
@@ -134,7 +134,22 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
-def _duplicate_keys(node: yaml.MappingNode) -> list[Problem]:
+def _children_at(node: yaml.Node, path: str) -> list[tuple[yaml.Node, str]]:
+    """Each child with its dotted path (``sweep.n_trials``, ``sites.0.hosts``), as a ``Problem`` names a field."""
+    def at(part: str) -> str:
+        return f"{path}.{part}" if path else part
+    if isinstance(node, yaml.MappingNode):
+        out = []
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+            out += [(key, at(name)), (value, at(name))]
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [(child, at(str(i))) for i, child in enumerate(node.value)]
+    return []
+
+
+def _duplicate_keys(node: yaml.MappingNode, path: str = "") -> list[Problem]:
     first: dict[str, int] = {}
     problems = []
     for key_node, _ in node.value:
@@ -143,7 +158,7 @@ def _duplicate_keys(node: yaml.MappingNode) -> list[Problem]:
         line = key_node.start_mark.line + 1
         key = key_node.value
         if key in first:
-            problems.append(Problem(key, f"key {key!r} appears twice (lines {first[key]} and {line}); YAML would "
+            problems.append(Problem(f"{path}.{key}" if path else key, f"key {key!r} appears twice (lines {first[key]} and {line}); YAML would "
                                          "silently keep only the last one — remove or merge one of them", line))
         else:
             first[key] = line

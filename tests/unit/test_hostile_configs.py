@@ -60,7 +60,7 @@ def test_duplicate_key_is_refused_naming_both_lines(tmp_path):
                          "    email: {treatment: pseudonym}\n    email: {treatment: keep, reason: x}\n")
     first = text.splitlines().index("    email: {treatment: pseudonym}") + 1
     result = validate(tmp_path, text)
-    assert_one_clear_error(result, "'email' appears twice", f"lines {first} and {first + 1}")
+    assert_one_clear_error(result, "sensitive.columns.email (line", "'email' appears twice", f"lines {first} and {first + 1}")
 
 
 def test_binary_file_is_refused_with_a_line(tmp_path):
