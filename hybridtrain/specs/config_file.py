@@ -113,7 +113,12 @@ def read_yaml(path: Path) -> tuple[Any, Mapping[tuple[Any, ...], int]]:
     """Parse a YAML file within ``yaml_guard``'s bounds; ``SpecError`` naming the file and line otherwise."""
     path = Path(path)
     if not path.is_file():
-        raise SpecError(str(path), [Problem("", "file not found; check the path")])
+        if path.is_dir():
+            yamls = sorted(p.name for p in path.glob("*.y*ml"))[:3]
+            hint = f" (it holds {', '.join(yamls)})" if yamls else ""
+            raise SpecError(str(path), [Problem("", f"is a directory, not a YAML file; give the file's path{hint}")])
+        why = "is not a regular file" if path.exists() else "file not found"
+        raise SpecError(str(path), [Problem("", f"{why}; check the path")])
     try:
         with path.open("rb") as fh:
             raw = fh.read(yaml_guard.MAX_BYTES + 1)

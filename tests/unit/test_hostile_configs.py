@@ -63,6 +63,15 @@ def test_duplicate_key_is_refused_naming_both_lines(tmp_path):
     assert_one_clear_error(result, "sensitive.columns.email (line", "'email' appears twice", f"lines {first} and {first + 1}")
 
 
+def test_a_directory_or_a_device_is_not_called_missing(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "churn.yaml").write_text(CHURN)
+    result = runner.invoke(app, ["validate", str(tmp_path / "jobs"), "--home", str(ROOT)])
+    assert_one_clear_error(result, "is a directory, not a YAML file", "(it holds churn.yaml)")
+    result = runner.invoke(app, ["validate", os.devnull, "--home", str(ROOT)])
+    assert_one_clear_error(result, "is not a regular file")
+
+
 def test_binary_file_is_refused_with_a_line(tmp_path):
     result = validate(tmp_path, CHURN.encode()[:200] + b"\n\xff\xfe\x00garbage\n")
     assert_one_clear_error(result, "not UTF-8", "line ")
