@@ -39,9 +39,14 @@ def hhmm(seconds: float) -> str:
 
 def clock(t: float) -> str:
     """A POSIX time as ``2026-05-01 14:05 UTC``."""
+    if math.isnan(t):
+        return "unknown"
     if math.isinf(t):
-        return "never"
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        return "never" if t > 0 else "always"
+    try:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    except (OverflowError, ValueError, OSError):  # beyond what a datetime holds: an estimate gone astronomical
+        return "after 9999-12-31" if t > 0 else "before 0001-01-01"
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridtrain.errors import NoFeasiblePlacement, SpecError
-from hybridtrain.placement.cost_model import CostModel, spot_split
+from hybridtrain.placement.cost_model import CostModel, clock, spot_split
 from hybridtrain.placement.decision import MAX_TAG_CHARS
 from hybridtrain.placement.engine import Placement, decide
 from hybridtrain.placement.policy import Policy, capacity_options
@@ -283,3 +283,10 @@ def test_cost_model_defaults_are_documented():
     cm = CostModel()
     assert cm.restart_s > 0 and cm.speed(CLOUD_EU) == 1.0 and cm.startup(ONPREM) == 0.0
     assert CapacityClass.opportunistic in capacity_options(CLOUD_US)
+
+
+@pytest.mark.parametrize(("t", "shown"), [
+    (0.0, "1970-01-01 00:00 UTC"), (math.inf, "never"), (1e300, "after 9999-12-31"),
+    (-1e300, "before 0001-01-01"), (math.nan, "unknown")])
+def test_clock_names_any_time_an_estimate_can_reach(t, shown):
+    assert clock(t) == shown
