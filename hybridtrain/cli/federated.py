@@ -1,9 +1,9 @@
 """FederatedCommands: ``hybridtrain split-sites`` — the sample data split over N sites, each part tracked by DVC at its site.
 
 Also the checks the sample-data commands (``split-sites`` here, ``data generate`` in ``cli.main``) make
-before they create anything: the workspace root (``--home``), the ``--pin`` target (a job spec, nothing
-else), and ``--rows``/``--seed``/``--sites`` in range — each refused in one line naming the option and
-the fix (``OptionError``, exit status 2), so a mistaken command leaves no data, commit or directory behind.
+before they create anything: ``--rows``/``--seed``/``--sites`` in range (with the workspace and ``--pin``
+checks of ``cli.options``) — each refused in one line naming the option and the fix (``OptionError``,
+exit status 2), so a mistaken command leaves no data, commit or directory behind.
 """
 
 from __future__ import annotations
@@ -11,85 +11,18 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 import yaml
 from rich.console import Console
 
+from hybridtrain.cli.options import OptionError, checked_workspace, job_spec_target
 from hybridtrain.errors import HybridtrainError, Problem, SpecError
 from hybridtrain.workspace import Workspace
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)  # error lines stay whole in a pipe or a log
-
-#: What ``--pin`` takes, for the messages that refuse anything else.
-JOB_SPEC = "a job spec (apiVersion: hybridtrain/v1, kind: TrainingJob) such as jobs/churn.yaml"
-
-
-class OptionError(HybridtrainError):
-    """A command-line option's value cannot be used; the message is one line naming the option and the fix."""
-
-    exit_code = 2
-
-    def __init__(self, option: str, message: str):
-        self.option = option
-        super().__init__(f"{option}: {message}")
-
-
-def checked_workspace(home: Path | None) -> Workspace:
-    """The workspace at ``home`` (or HYBRIDTRAIN_HOME, or the current directory), refused with ``OptionError``
-    unless it is an existing directory with a sites catalog. Creates nothing."""
-    ws = Workspace.resolve(home)
-    env_home = os.environ.get("HYBRIDTRAIN_HOME")
-    option, given = ("--home", home) if home is not None else ("HYBRIDTRAIN_HOME", env_home) if env_home else \
-        ("--home", None)
-    fix = "give the workspace root, the folder holding deployments/sites.yaml"
-    if not ws.root.exists():
-        raise OptionError(option, f"{given} does not exist ({ws.root}); {fix}")
-    if not ws.root.is_dir():
-        raise OptionError(option, f"{given} is a file, not a directory; {fix}")
-    if not ws.sites_file.is_file():
-        if os.environ.get("HYBRIDTRAIN_SITES_FILE"):
-            raise OptionError("HYBRIDTRAIN_SITES_FILE", f"no sites catalog at {ws.sites_file}; point it at one "
-                                                        "(e.g. deployments/sites.yaml)")
-        if given is None:
-            raise OptionError(option, f"the current directory {ws.root} is not a workspace (no "
-                                      "deployments/sites.yaml); run from the workspace root or pass --home ROOT")
-        raise OptionError(option, f"{given} is not a workspace (no file {ws.sites_file}); {fix}")
-    return ws
-
-
-def job_spec_target(ws: Workspace, pin: Path, option: str = "--pin") -> tuple[Path, dict[str, Any]]:
-    """The file ``pin`` names (relative to the workspace root) and its data, if it is a job spec that can be
-    rewritten; ``OptionError`` (one line: the file, what it is, what ``option`` takes) otherwise."""
-    from hybridtrain.specs.config_file import read_yaml
-    from hybridtrain.validation import KINDS
-
-    path = pin if pin.is_absolute() else ws.root / pin
-    shown = f"{pin}" if pin.is_absolute() else f"{pin} ({path})"
-    if not path.exists():
-        raise OptionError(option, f"no file {shown}; {option} takes {JOB_SPEC}")
-    if path.is_dir():
-        raise OptionError(option, f"{shown} is a directory; {option} takes {JOB_SPEC}")
-    try:
-        data, _ = read_yaml(path)
-    except SpecError as exc:
-        why = "; ".join(p.message + (f" (line {p.line})" if p.line else "") for p in exc.problems)
-        raise OptionError(option, f"{shown}: {why}; {option} takes {JOB_SPEC}") from None
-    if not isinstance(data, dict):
-        raise OptionError(option, f"{shown} holds a YAML {type(data).__name__}; {option} takes {JOB_SPEC}")
-    kind = data.get("kind", "TrainingJob")
-    if kind != "TrainingJob":
-        what = f"a {kind}" if kind in KINDS else f"kind {kind!r}"
-        raise OptionError(option, f"{shown} is {what}; {option} takes {JOB_SPEC}")
-    if data.get("apiVersion") != "hybridtrain/v1":
-        raise OptionError(option, f"{shown} has no apiVersion: hybridtrain/v1, so it is not a job spec; {option} "
-                                  f"takes {JOB_SPEC}")
-    if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
-        raise OptionError(option, f"{shown} cannot be rewritten (no write permission on it or its folder); "
-                                  "fix the permissions or pin a copy")
-    return path, data
 
 
 def site_list(sites: str) -> list[str]:

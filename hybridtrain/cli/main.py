@@ -24,6 +24,7 @@ from rich.table import Table
 from hybridtrain.cli import federated as cli_federated
 from hybridtrain.cli import governance as cli_governance
 from hybridtrain.cli import gpus as cli_gpus
+from hybridtrain.cli import options as cli_options
 from hybridtrain.cli import placement as cli_placement
 from hybridtrain.cli import service as cli_service
 from hybridtrain.cli import serving as cli_serving
@@ -60,7 +61,7 @@ def open_workspace(home: Path | None) -> Workspace:
     a directory, or a workspace without a valid sites catalog, is refused in one line (exit 2) before anything
     (Prefect's home) is created."""
     try:
-        ws = cli_federated.checked_workspace(home)
+        ws = cli_options.checked_workspace(home)
         ws.load_sites()
     except HybridtrainError as exc:
         fail(exc)
@@ -119,14 +120,14 @@ def schema(out: Annotated[Path | None, typer.Option(help="Write to this file ins
     why = ("is empty" if not str(out).strip() else "is a directory" if out.is_dir() else
            f"is in {out.parent}, which is not a directory" if not out.parent.is_dir() else None)
     if why:
-        fail(cli_federated.OptionError("--out", f"{str(out)!r} {why}; give a file path, e.g. --out schema.json"))
+        fail(cli_options.OptionError("--out", f"{str(out)!r} {why}; give a file path, e.g. --out schema.json"))
     tmp = out.with_name(f".{out.name}.tmp")
     try:
         tmp.write_text(text + "\n")
         os.replace(tmp, out)  # whole or not at all
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        fail(cli_federated.OptionError("--out", f"cannot write {out}: {exc.strerror}; give a path you can write"))
+        fail(cli_options.OptionError("--out", f"cannot write {out}: {exc.strerror}; give a path you can write"))
     console.print(f"wrote {out}")
 
 
@@ -147,17 +148,17 @@ SAMPLE_PATH = "data/raw/churn.csv"
 
 def sample_pin_target(ws: Workspace, pin: Path) -> Path:
     """The job spec ``--pin`` names, if its ``dataset.md5`` can be set to the churn sample's version: a job
-    spec (``cli.federated.job_spec_target``) whose ``dataset.path`` is ``data/raw/churn.csv``. ``OptionError``
+    spec (``cli.options.job_spec_target``) whose ``dataset.path`` is ``data/raw/churn.csv``. ``OptionError``
     otherwise — checked before anything is generated."""
-    path, data = cli_federated.job_spec_target(ws, pin)
+    path, data = cli_options.job_spec_target(ws, pin)
     dataset = data.get("dataset")
     shown = str(pin)
     if not isinstance(dataset, dict) or "path" not in dataset:
-        raise cli_federated.OptionError("--pin", f"{shown} has no dataset.path; add `dataset: {{path: {SAMPLE_PATH}, "
+        raise cli_options.OptionError("--pin", f"{shown} has no dataset.path; add `dataset: {{path: {SAMPLE_PATH}, "
                                                  "md5: ..., site: ...}` to pin the churn sample")
     declared = Path(str(dataset["path"]))
     if (declared if declared.is_absolute() else ws.root / declared).resolve() != ws.path(SAMPLE_PATH).resolve():
-        raise cli_federated.OptionError(
+        raise cli_options.OptionError(
             "--pin", f"{shown} trains on dataset.path {dataset['path']}, not {SAMPLE_PATH} (the file this command "
                      f"makes); pin a spec of the churn sample, or set that file's md5 yourself (`dvc add` prints "
                      f"it; `hybridtrain split-sites --pin` for split data)")
@@ -171,7 +172,7 @@ def _pin(spec_file: Path, md5: str) -> bool:
     root = yaml.compose(text, Loader=yaml.SafeLoader)  # node marks locate the value; pure Python: str offsets
     dataset = next((v for k, v in getattr(root, "value", ()) if getattr(k, "value", None) == "dataset"), None)
     if not isinstance(dataset, yaml.MappingNode) or not dataset.value:  # the file changed since it was checked
-        raise cli_federated.OptionError("--pin", f"{spec_file} no longer has a dataset mapping; pin it again")
+        raise cli_options.OptionError("--pin", f"{spec_file} no longer has a dataset mapping; pin it again")
     quoted = f'"{md5}"'
     node = next((v for k, v in dataset.value if k.value == "md5"), None)
     if node is not None:
@@ -199,7 +200,7 @@ def check_sample_options(rows: int, seed: int) -> None:
                                              "of 10 rows each")
     problem = seed_problem(seed)
     if problem:
-        raise cli_federated.OptionError("--seed", problem)
+        raise cli_options.OptionError("--seed", problem)
 
 
 def ensure_sample_data(ws: Workspace, rows: int, seed: int, pin: Path | None) -> tuple[str, bool]:
@@ -247,7 +248,7 @@ def data_generate(
     It makes only this dataset. For your own data: `dvc add data/raw/yours.csv`, then pin its md5 in your spec."""
     try:
         check_sample_options(rows, seed)
-        target = sample_pin_target(cli_federated.checked_workspace(home), pin) if pin is not None else None
+        target = sample_pin_target(cli_options.checked_workspace(home), pin) if pin is not None else None
     except HybridtrainError as exc:
         fail(exc)
     ws = open_workspace(home)
@@ -326,8 +327,8 @@ def status(
 
     try:
         if not 1 <= limit <= STATUS_MAX_RUNS:
-            raise cli_federated.OptionError("--limit", f"{limit} is not a number of runs; give 1 to {STATUS_MAX_RUNS}")
-        ws = cli_federated.checked_workspace(home)
+            raise cli_options.OptionError("--limit", f"{limit} is not a number of runs; give 1 to {STATUS_MAX_RUNS}")
+        ws = cli_options.checked_workspace(home)
     except HybridtrainError as exc:
         fail(exc)
     fresh = ws.tracking_uri.startswith("sqlite:///") and not Path(ws.tracking_uri.removeprefix("sqlite:///")).exists()

@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from hybridtrain.cli.options import OptionValueError
 from hybridtrain.errors import HybridtrainError, Problem, SpecError
 from hybridtrain.placement.cost_model import clock, hhmm
 from hybridtrain.placement.engine import Placement
@@ -39,15 +40,6 @@ def wide() -> Console:
     return Console(width=max(console.width, 150))
 
 
-class OptionError(SpecError):
-    """A ``--queue`` or ``--spot`` value that cannot be: one line naming the option, the value and the fix (exit 2)."""
-
-    def __init__(self, option: str, text: str, message: str):
-        problem = Problem(text, message)
-        self.source, self.problems = option, [problem]
-        HybridtrainError.__init__(self, f"{option}: {text!r}: {message}")
-
-
 #: Bounds of a ``--queue`` snapshot: one run of at most a year, at most a million runs, and at most ten
 #: years of work ahead of a new run (the times a plan prints stay dates a calendar has).
 QUEUE_MAX_RUN_HOURS = 24 * 365
@@ -60,9 +52,9 @@ SPOT_FORMAT = "expected SITE=AVAILABILITY[/PREEMPTIONS_PER_HOUR], availability i
 
 
 def option_site(option: str, text: str, name: str, sites: SitesCatalog) -> Site:
-    """The catalog's site ``name``, or an ``OptionError`` naming ``option`` and the known sites."""
+    """The catalog's site ``name``, or an ``OptionValueError`` naming ``option`` and the known sites."""
     if name not in sites.names:
-        raise OptionError(option, text, f"no site named {name!r} in the sites catalog; known sites: "
+        raise OptionValueError(option, text, f"no site named {name!r} in the sites catalog; known sites: "
                                         f"{', '.join(sites.names)}")
     return sites.get(name)
 
@@ -78,17 +70,17 @@ def parse_queue(text: str, sites: SitesCatalog) -> QueueState:
         running, queued = (int(x) for x in counts.split("/", 1))
         hours = 1.0 if h is None else float(h)
     except ValueError:
-        raise OptionError("--queue", text, f"{QUEUE_FORMAT}; RUNNING and QUEUED whole numbers >= 0") from None
+        raise OptionValueError("--queue", text, f"{QUEUE_FORMAT}; RUNNING and QUEUED whole numbers >= 0") from None
     if not (math.isfinite(hours) and 0 < hours <= QUEUE_MAX_RUN_HOURS):
-        raise OptionError("--queue", text, f"HOURS ({h}) is each run's hours: give a finite number > 0 and at most "
+        raise OptionValueError("--queue", text, f"HOURS ({h}) is each run's hours: give a finite number > 0 and at most "
                                            f"{QUEUE_MAX_RUN_HOURS} (a year), e.g. onprem-dc1=8/3@2")
     if not (0 <= running <= QUEUE_MAX_RUNS and 0 <= queued <= QUEUE_MAX_RUNS):
-        raise OptionError("--queue", text, f"RUNNING and QUEUED count runs in the site's pool: give whole numbers "
+        raise OptionValueError("--queue", text, f"RUNNING and QUEUED count runs in the site's pool: give whole numbers "
                                            f"from 0 to {QUEUE_MAX_RUNS:,}, e.g. onprem-dc1=8/3@2")
     site = option_site("--queue", text, name, sites)
     backlog_h = (running / 2 + queued) * hours / max(site.gpu_count, 1)
     if backlog_h > QUEUE_MAX_BACKLOG_HOURS:
-        raise OptionError("--queue", text, f"that is {backlog_h:,.0f} hours of work ahead of a new run on the site's "
+        raise OptionValueError("--queue", text, f"that is {backlog_h:,.0f} hours of work ahead of a new run on the site's "
                                            f"{site.gpu_count} GPUs, more than ten years: give the runs its pool holds "
                                            "now and their hours")
     return QueueState(site.name, site.gpu_count, min(running, site.gpu_count), scheduled=queued, running=running,
@@ -101,16 +93,16 @@ def parse_spot(text: str, sites: SitesCatalog) -> tuple[str, SpotOutlook]:
         name, rest = text.split("=", 1)
         parts = rest.split("/")
         if len(parts) > 2:
-            raise OptionError("--spot", text, f"{len(parts)} fields given, two at most; {SPOT_FORMAT}")
+            raise OptionValueError("--spot", text, f"{len(parts)} fields given, two at most; {SPOT_FORMAT}")
         availability = float(parts[0])
         preemptions = float(parts[1]) if len(parts) > 1 else 0.05
     except ValueError:
-        raise OptionError("--spot", text, SPOT_FORMAT) from None
+        raise OptionValueError("--spot", text, SPOT_FORMAT) from None
     if not (math.isfinite(availability) and 0 < availability <= 1):
-        raise OptionError("--spot", text, f"AVAILABILITY ({parts[0]}) is the share of time spot capacity can be "
+        raise OptionValueError("--spot", text, f"AVAILABILITY ({parts[0]}) is the share of time spot capacity can be "
                                           f"had: give availability in (0, 1], e.g. cloud-eu=0.7/0.2")
     if not (math.isfinite(preemptions) and 0 <= preemptions <= SPOT_MAX_PREEMPTIONS_PER_HOUR):
-        raise OptionError("--spot", text, f"PREEMPTIONS_PER_HOUR ({parts[1]}) is how often spot capacity is taken "
+        raise OptionValueError("--spot", text, f"PREEMPTIONS_PER_HOUR ({parts[1]}) is how often spot capacity is taken "
                                           f"back: give a finite number from 0 to {SPOT_MAX_PREEMPTIONS_PER_HOUR:g}, "
                                           "e.g. cloud-eu=0.7/0.2")
     site = option_site("--spot", text, name, sites)
@@ -119,7 +111,7 @@ def parse_spot(text: str, sites: SitesCatalog) -> tuple[str, SpotOutlook]:
                       if s.spot_price_per_gpu_hour is not None or s.capacity_class is CapacityClass.opportunistic]
         fix = (f"give a site that does ({', '.join(spot_sites)}) or leave this --spot out" if spot_sites
                else "no site of the catalog has spot capacity: leave --spot out")
-        raise OptionError("--spot", text, f"site {site.name} offers no spot capacity (it has no "
+        raise OptionValueError("--spot", text, f"site {site.name} offers no spot capacity (it has no "
                                           f"spot_price_per_gpu_hour in the sites catalog): {fix}")
     return site.name, SpotOutlook(availability=availability, preemptions_per_hour=preemptions)
 
