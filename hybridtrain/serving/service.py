@@ -142,7 +142,7 @@ def _not_a_directory(path: Path) -> Path | None:
 def build_server(ws: Workspace, target: str, *, spec_path: Path | None = None, model: str | None = None,
                  public_key: Path | None = None, poll_s: float = 2.0, cache_dir: Path | None = None) -> Any:
     """A ``ModelServer`` for ``target`` (not started: call ``start()``, which verifies and loads)."""
-    from hybridtrain.governance.audit_log import AuditLog
+    from hybridtrain.governance.audit_key import workspace_log
     from hybridtrain.serving.server import ModelServer
 
     if not (isinstance(poll_s, (int, float)) and math.isfinite(poll_s) and poll_s >= MIN_POLL_S):
@@ -154,7 +154,7 @@ def build_server(ws: Workspace, target: str, *, spec_path: Path | None = None, m
     key = trusted_key(ws, public_key)
     site = serving_site(ws, tspec)
     return ModelServer(target=open_target(ws, tspec, key), model=name, trusted_key=key,
-                       cache_dir=cache_dir or ws.state_dir / "serving-cache" / target, audit=AuditLog.in_workspace(ws.root),
+                       cache_dir=cache_dir or ws.state_dir / "serving-cache" / target, audit=workspace_log(ws.root),
                        site=site, poll_s=poll_s)
 
 
@@ -176,7 +176,7 @@ def start_canary(ws: Workspace, target: str, version: str, *, spec_path: Path | 
     and its key, and that the target serves another version to compare the canary with."""
     import tempfile
 
-    from hybridtrain.governance.audit_log import AuditLog
+    from hybridtrain.governance.audit_key import workspace_log
     from hybridtrain.governance.release import BundleArchive
     from hybridtrain.serving import canary
     from hybridtrain.stages.site_access import control_site
@@ -195,4 +195,4 @@ def start_canary(ws: Workspace, target: str, version: str, *, spec_path: Path | 
         archive = BundleArchive(open_store(control.store, ws.root, "bundles", site=control.name))
         with tempfile.TemporaryDirectory(prefix="hybridtrain-canary-") as tmp:
             t.accept(archive.get(name, version, Path(tmp) / "bundle"))
-    return canary.start(t, AuditLog.in_workspace(ws.root), model=name, version=version, actor=actor, **limits)
+    return canary.start(t, workspace_log(ws.root), model=name, version=version, actor=actor, **limits)

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from hybridtrain.drill.loopback import free_port
+from hybridtrain.governance.audit_key import workspace_log
 from hybridtrain.governance.audit_log import AuditLog
 from hybridtrain.governance.signing_key import SigningKey
 from hybridtrain.serving import canary
@@ -81,6 +82,9 @@ def records_payload(rows: int = 5, seed: int = 5) -> tuple[dict, object]:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = make_workspace(tmp_path_factory.mktemp("serve") / "ws")
+    # A lifecycle has run here: the audit log's head is signed by the workspace's audit key, which every later
+    # writer (serve and canary too) must sign with.
+    workspace_log(root).append(actor="test", action="gate", subject=f"model {MODEL} v0", outcome="passed")
     ws = Workspace.resolve(root)
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
     versions = {
