@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -21,6 +20,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from hybridtrain.storage.staging import staged_dir
 
 SPLITS = ("train", "val", "test")
 SPLIT_COL = "split"
@@ -61,7 +62,7 @@ def write(frame: pd.DataFrame, target: Path, sort_by: str | None) -> list[Path]:
         raise ValueError(f"frame lacks layout columns {sorted(missing)}")
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    staging = staged_dir(target.parent, tag=f".{target.name}")  # a killed writer's leftovers go first
     written: list[Path] = []
     try:
         for (split, part), rows in frame.groupby([SPLIT_COL, PARTITION_COL], sort=True, observed=True):

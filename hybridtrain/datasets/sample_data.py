@@ -27,13 +27,14 @@ tables (email user names per first/last name) and re-draw the rare colliding ema
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from hybridtrain.storage import staging
 
 DEFAULT_ROWS = 200_000
 DEFAULT_SEED = 20261121
@@ -297,12 +298,13 @@ def write_churn_csv(path: Path | str, rows: int = DEFAULT_ROWS, seed: int = DEFA
 
     Format: header row, no index, ``\\n`` line endings, UTF-8, floats with two decimals, ISO
     dates, booleans as ``True``/``False``, missing values as empty fields. The file appears only
-    when complete (written to a temporary file in the same directory, then renamed over ``path``).
+    when complete (written to a temporary file in the same directory, then renamed over ``path``); a
+    temporary a killed writer left there is removed first (``storage.staging``).
     """
     path = Path(path)
     frame = generate_churn(rows, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".csv")
+    fd, tmp = staging.staged_file(path.parent, suffix=".csv")  # a killed writer's leftovers go first
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             frame.to_csv(fh, index=False, lineterminator="\n", float_format="%.2f", date_format="%Y-%m-%d")

@@ -79,14 +79,15 @@ def write_site_csvs(paths: list, rows: int, seed: int = DEFAULT_SEED) -> list:
 def write_parts(paths: list, parts: list[pd.DataFrame]) -> list:
     """Write ``parts[i]`` (from ``site_parts``) to ``paths[i]``, each atomically (CSV, as ``write_churn_csv``)."""
     import os
-    import tempfile
     from pathlib import Path
+
+    from hybridtrain.storage import staging
 
     out = []
     for path, part in zip(paths, parts, strict=True):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".csv")
+        fd, tmp = staging.staged_file(path.parent, suffix=".csv")
         try:
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
                 part.to_csv(fh, index=False, lineterminator="\n", float_format="%.2f", date_format="%Y-%m-%d")

@@ -56,6 +56,7 @@ from hybridtrain.specs.job import MODEL_NAME_RE, ReleaseTargetSpec
 from hybridtrain.storage import open_store
 from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.storage.object_store import ObjectStore
+from hybridtrain.storage.staging import staged_dir
 
 if TYPE_CHECKING:
     from hybridtrain.specs.sites import SitesCatalog
@@ -338,7 +339,7 @@ class DirectoryTarget(_Target):
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists():  # left by a crash after the rename but before the marker: never visible, replace it
             self._discard(final)
-        stage = Path(tempfile.mkdtemp(prefix=f".tmp-{bundle.version}-", dir=final.parent))
+        stage = staged_dir(final.parent)  # a killed writer's leftovers go first
         try:
             for rel in bundle.files():
                 dest = stage / rel
@@ -354,7 +355,7 @@ class DirectoryTarget(_Target):
 
     def _discard(self, path: Path) -> None:
         # Rename first: a half-deleted version directory is never visible under its own name.
-        doomed = Path(tempfile.mkdtemp(prefix=".tmp-removed-", dir=path.parent))
+        doomed = staged_dir(path.parent)
         os.rename(path, doomed / path.name)
         shutil.rmtree(doomed)
 
@@ -392,7 +393,7 @@ class EdgeTarget(DirectoryTarget):
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists():
             self._discard(final)
-        stage = Path(tempfile.mkdtemp(prefix=f".tmp-{bundle.version}-", dir=final.parent))
+        stage = staged_dir(final.parent)
         try:
             for rel in [*files, "manifest.json", "signature.json"]:
                 dest = stage / rel
