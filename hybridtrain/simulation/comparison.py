@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -52,6 +53,7 @@ from hybridtrain.simulation.traces import (
 )
 from hybridtrain.simulation.workload import SimJob, WorkloadParams, demand_gpus, jobs_from_pods
 from hybridtrain.specs.sites import CapacityClass, OnPremCost, Site, SiteKind
+from hybridtrain.storage import staging
 
 SIM_POLICY = TRACES_DIR / "simulation-policy.yaml"
 #: The on-prem cost of deployments/sites.yaml (onprem-dc1): about $1.13 per GPU-hour.
@@ -554,15 +556,34 @@ def run_comparison(capacity: int | None = None, *, load: float | None = None, se
 
 
 def write_outputs(reports: Sequence[Report], out: Path | str) -> list[Path]:
-    """``comparison.json``, ``comparison.csv`` (every report) and ``comparison.png`` (the first seed's) under ``out``."""
+    """``comparison.json``, ``comparison.csv`` (every report) and ``comparison.png`` (the first seed's) under ``out``.
+
+    All three are written to temporaries beside them first and renamed into place at the end, so an interrupted
+    run leaves the previous set whole, never a mix of new and old."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "comparison.json", out / "comparison.csv", out / "comparison.png"]
+    staged = []
+    try:
+        for p in paths:
+            fd, tmp = staging.staged_file(out, suffix=p.suffix)
+            os.close(fd)
+            staged.append(tmp)
+        _write_outputs(reports, staged)
+        for tmp, p in zip(staged, paths, strict=True):
+            os.replace(tmp, p)
+    finally:
+        for tmp in staged:
+            tmp.unlink(missing_ok=True)
+    return paths
+
+
+def _write_outputs(reports: Sequence[Report], paths: Sequence[Path]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "comparison.json", out / "comparison.csv", out / "comparison.png"]
     paths[0].write_text(json.dumps([r.to_json() for r in reports], indent=2, default=str))
     cols = list(asdict(reports[0].rows[0]).keys())
     lines = [",".join(["deadlines", "seed", "capacity", "demand_ratio", *cols])]
@@ -608,6 +629,5 @@ def write_outputs(reports: Sequence[Report], out: Path | str) -> list[Path]:
     axes[0][-1].legend(fontsize=7, loc="upper right")
     axes[1][-1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(paths[2], dpi=110)
+    fig.savefig(paths[2], dpi=110, format="png")
     plt.close(fig)
-    return paths

@@ -149,4 +149,15 @@ def test_comparison_end_to_end_on_a_small_trace(tmp_path):
     paths = write_outputs([report], tmp_path / "out")
     assert [p.name for p in paths] == ["comparison.json", "comparison.csv", "comparison.png"]
     assert all(p.stat().st_size > 100 for p in paths)
+    before = {p.name: p.read_bytes() for p in paths}
+    with pytest.MonkeyPatch.context() as mp:  # interrupted while drawing the plot: the earlier set stays whole
+        import matplotlib.figure
+
+        def interrupted(*_a, **_k):
+            raise KeyboardInterrupt
+        mp.setattr(matplotlib.figure.Figure, "savefig", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            write_outputs([report, report], tmp_path / "out")
+    assert {p.name: p.read_bytes() for p in paths} == before
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(before)  # no temporaries left
     assert math.isfinite(report.targets["cost_ratio"])
