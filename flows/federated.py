@@ -66,11 +66,20 @@ CANCEL_TRIES_S = 60.0
 log = logging.getLogger("hybridtrain.federated.pools")
 
 
+def _checked_workspace(workspace: str | None, run_id: str, run_key: str) -> Workspace:
+    """The step's workspace, once its ``run_key`` and ``run_id`` are checked: a step's result goes back through the
+    lifecycle's MLflow run, so with a wrong id it would prepare or train and fail only then."""
+    stages.check_run_key(run_key)
+    ws = run_workspace(workspace)
+    stages.check_run(ws, run_id)
+    return ws
+
+
 @flow(name="federated-prepare", flow_run_name="fed-prepare-{site}", log_prints=True)
 def federated_prepare(spec: JobSpec, site: str, run_id: str, run_key: str, aggregation_site: str, tag: str,
                       workspace: str | None = None) -> steps.SitePrepared:
     """Raw → approved at ``site`` (its own part; raw never leaves), then its feature statistics out."""
-    ws = run_workspace(workspace)
+    ws = _checked_workspace(workspace, run_id, run_key)
     out = prepare_site(ws, spec, site, run_key, aggregation_site)
     stages.save_result(ws, run_id, tag, out)
     return out
@@ -93,7 +102,7 @@ def federated_round(spec: JobSpec, site: str, run_id: str, run_key: str, rnd: in
                     secure: SecureRound | None = None) -> steps.SiteUpdate:
     """Round ``rnd`` at ``site``: global weights in, local epochs, the update out (with ``secure``: kept at the
     site, only masked for that attempt's participants)."""
-    ws = run_workspace(workspace)
+    ws = _checked_workspace(workspace, run_id, run_key)
     out = train_round(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site, secure)
     stages.save_result(ws, run_id, tag, out)
     return out
@@ -104,7 +113,7 @@ def federated_evaluate(spec: JobSpec, site: str, run_id: str, run_key: str, rnd:
                        featurizer: dict, aggregation_site: str, tag: str,
                        workspace: str | None = None) -> steps.SiteEvaluation:
     """The final global model on ``site``'s test split; only the metrics leave."""
-    ws = run_workspace(workspace)
+    ws = _checked_workspace(workspace, run_id, run_key)
     out = evaluate_site(ws, spec, site, run_key, rnd, approved, featurizer, aggregation_site)
     stages.save_result(ws, run_id, tag, out)
     return out

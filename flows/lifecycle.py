@@ -13,6 +13,7 @@ from pathlib import Path
 
 from prefect import flow, pause_flow_run, runtime, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.context import FlowRunContext
 from prefect.input import RunInput
 from pydantic import Field
 
@@ -20,14 +21,17 @@ from flows.data import Prepared, prepare_data, sync_data
 from flows.federated import run_federated
 from flows.supervise import train_with_recovery
 from hybridtrain import stages
+from hybridtrain.cli.preflight import check_dataset
+from hybridtrain.errors import Problem, SpecError
 from hybridtrain.placement.policy import Policy
 from hybridtrain.specs.job import JobSpec
+from hybridtrain.specs.sites import SitesCatalog
 from hybridtrain.stages.summary import RunSummary
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.validation import load_job, parse_job
 from hybridtrain.workspace import Workspace
 from orchestration.context import run_workspace
-from orchestration.dispatch import Mode, run_stage
+from orchestration.dispatch import Mode, deployment_name, has_deployment, run_stage
 from orchestration.progress import bind_progress
 from tasks.burst import Relocation
 from tasks.federated import training_mode
@@ -39,13 +43,54 @@ QUEUE_ALLOWANCE_S = 3600
 
 
 @task(name="validate-spec")
-def validate_spec(ws: Workspace, spec_path: str, spec: JobSpec | None) -> JobSpec:
+def validate_spec(ws: Workspace, spec_path: str, spec: JobSpec | None, dispatch: Mode | None = None) -> JobSpec:
+    """The job to run: the ``spec`` form when filled in, else the file ``spec_path``, checked against the sites
+    catalog and the policy.
+
+    ``spec_path`` is relative to the workspace; in a deployment run (a UI form, a schedule) it must stay
+    inside it, so the worker host's other files are neither read nor probed. A direct call (``hybridtrain
+    run``, Python) may name any file its caller can read. With ``dispatch``, the pinned raw dataset is
+    checked too (``hybridtrain.cli.preflight.check_dataset``, as ``hybridtrain run`` does) when prepare-data
+    will run on this host: a wrong ``dataset.md5`` is refused before an MLflow run is opened.
+    """
     sites = ws.load_sites()
     policy = Policy.load(ws.policy_file, sites) if ws.policy_file.is_file() else None
     if spec is not None:
-        return parse_job(spec.to_dict(), source="spec parameter", sites=sites, policy=policy)
+        job = parse_job(spec.to_dict(), source="spec parameter", sites=sites, policy=policy)
+    else:
+        job = load_job(spec_file(ws, spec_path, inside_only=bool(runtime.deployment.id)), sites, policy)
+    if dispatch is not None and _prepares_here(job, sites, dispatch):
+        check_dataset(ws, job, sites, spec_path if spec is None else "the spec form")
+    return job
+
+
+def spec_file(ws: Workspace, spec_path: str, inside_only: bool) -> Path:
+    """The job spec file ``spec_path`` names (relative to the workspace); ``inside_only``: refuse one outside it."""
+    if not spec_path or not spec_path.strip():
+        raise SpecError("parameters", [Problem("spec_path", "spec_path is empty: give a job spec file under jobs/ "
+                                                            "(e.g. jobs/churn.yaml), or fill in the spec form")])
     path = Path(spec_path)
-    return load_job(path if path.is_absolute() else ws.root / path, sites, policy)
+    path = path if path.is_absolute() else ws.root / path
+    root = ws.root.resolve()
+    if inside_only and not path.resolve().is_relative_to(root):
+        raise SpecError("parameters", [Problem("spec_path", f"{spec_path} is outside the workspace {root}; give a "
+                                                            "file under jobs/ (e.g. jobs/churn.yaml)")])
+    return path
+
+
+def _prepares_here(job: JobSpec, sites: SitesCatalog, dispatch: Mode) -> bool:
+    """Whether prepare-data will run on this host, seeing the checkout and the data site's store this process sees:
+    inline, in the data site's own pool, or (auto) where no prepare-data deployment exists. A federated job's
+    parts are prepared by each site's own flow run, where they are."""
+    if len(job.site_datasets()) > 1 or job.training.mode == "federated":
+        return False
+    if dispatch == "inline":
+        return True
+    pool = sites.get(job.dataset.site).work_pool
+    context = FlowRunContext.get()
+    if context is not None and context.flow_run is not None and context.flow_run.work_pool_name == pool:
+        return True
+    return dispatch == "auto" and not has_deployment(deployment_name(prepare_data, pool))
 
 
 class Approval(RunInput):
@@ -80,20 +125,21 @@ def lifecycle(
     """Run the whole lifecycle of one job: preprocess, anonymize, place, sync, train, evaluate, promote.
 
     Args:
-        spec_path: Job spec file, relative to the workspace (e.g. jobs/churn.yaml). Ignored when
-            the spec form below is filled in.
+        spec_path: Job spec file, relative to the workspace (e.g. jobs/churn.yaml); a deployment run
+            reads only files inside the workspace. Ignored when the spec form below is filled in.
         spec: The job spec itself, as a form: leave empty to use spec_path.
         workspace: Workspace root on the worker. Empty: HYBRIDTRAIN_HOME, else the worker's
             working directory.
-        run_key: Names the checkpoint series to resume. Empty: this flow run's id, so a retried
-            run resumes and a new run trains afresh.
+        run_key: Names the checkpoint series to resume (letters, digits, . _ -). Empty: this flow
+            run's id, so a retried run resumes and a new run trains afresh.
         dispatch: Where stages run. auto: in the work pool of their site when stage deployments
             exist, else here; inline: every stage in this process; pools: always via the pools.
     """
     bind_progress()
     started = time.perf_counter()
+    stages.check_run_key(run_key or None)  # before anything: a bad key would fail only at the first checkpoint
     ws = run_workspace(workspace)
-    job = validate_spec(ws, spec_path, spec)
+    job = validate_spec(ws, spec_path, spec, dispatch)
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     run_id = open_run(ws, job, flow_run_id)
     limit_s = job.resources.max_hours * 3600 + QUEUE_ALLOWANCE_S

@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from flows.data import Prepared, prepare_data, sync_data
 from flows.lifecycle import QUEUE_ALLOWANCE_S, validate_spec
 from flows.supervise import as_exception
-from flows.training import AttemptEnd
+from flows.training import AttemptEnd, save_attempt_end
 from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import Problem, SpecError, StageFailed
@@ -43,7 +43,7 @@ from hybridtrain.sweeps.plan import TrialDurations, trial_job, trial_placement_s
 from hybridtrain.sweeps.results import SweepResults, TrialRow, attempt_cost
 from hybridtrain.sweeps.slots import Slot, SweepSlots, SweepStopping
 from hybridtrain.sweeps.space import SearchSpace
-from hybridtrain.sweeps.study import TrialTicket, storage_url
+from hybridtrain.sweeps.study import TrialTicket, open_storage, storage_field, storage_url
 from hybridtrain.sweeps.trial import TrialOutcome
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.training.preemption import preemption_trap
@@ -102,6 +102,9 @@ def sweep_trial(spec: JobSpec, approved: DatasetVersion, site: str, parent_run_i
     ``capacity_class`` is the trial's placement (``opportunistic``: the instances a multi-node trial starts
     at a cloud site are spot ones); empty: the site's own class."""
     ws = run_workspace(workspace)
+    # Before a slot or GPUs are taken: a wrong id or storage would fail only after training.
+    stages.check_run(ws, parent_run_id, "parent_run_id", started_by="hyperparameter-sweep")
+    open_storage(storage, "storage")
     slot = _SLOT.get()
     if slot is not None and not slot.held:
         slot.take()  # ready (placed, this run started): train as soon as one of the sweep's slots is free
@@ -113,8 +116,8 @@ def sweep_trial(spec: JobSpec, approved: DatasetVersion, site: str, parent_run_i
         try:
             out = train_trial(ws, spec, approved, site, parent_run_id, storage, study, ticket, capacity_class)
         except Exception as exc:
-            stages.save_result(ws, parent_run_id, f"{_trial_result_name(ticket.number, attempt)}-end",
-                               AttemptEnd.of(exc, site))
+            save_attempt_end(ws, parent_run_id, f"{_trial_result_name(ticket.number, attempt)}-end",
+                             AttemptEnd.of(exc, site))
             raise
         stages.save_result(ws, parent_run_id, _trial_result_name(ticket.number, attempt), out)
     if slot is not None:
@@ -310,20 +313,22 @@ def sweep(
     spec_path: job spec file with a sweep section, relative to the workspace (ignored when ``spec`` is given).
     spec: the job spec itself (typed form in the Prefect UI).
     workspace: workspace root; default HYBRIDTRAIN_HOME or the worker's working directory.
-    storage: Optuna storage URL; default HYBRIDTRAIN_SWEEP_STORAGE, else SQLite under .hybridtrain/sweeps/.
+    storage: Optuna storage URL; default HYBRIDTRAIN_SWEEP_STORAGE, else SQLite under .hybridtrain/sweeps/. Opened
+        first: one that cannot be opened is refused before the data is prepared or an MLflow run opened.
     dispatch: auto (trial deployments when they exist), inline (all in this process) or pools.
     promote_best: send the best trial through evaluation and the promotion gates.
     """
     started = time.perf_counter()
     log = get_run_logger()
     ws = run_workspace(workspace)
-    job = validate_spec(ws, spec_path, spec)
+    job = validate_spec(ws, spec_path, spec, dispatch)
     if job.sweep is None:
         raise SpecError(spec_path, [Problem("sweep", "this job spec has no sweep section: add one (see README, "
                                                      "'Hyperparameter sweeps'), or run it with `hybridtrain run`")])
     sw = job.sweep
     study_name = sw.study_name or f"{job.name}-sweep"
     url = storage_url(ws, storage)
+    open_storage(url, storage_field(storage, "storage"))  # a bad URL is refused before data or MLflow are touched
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     run_id = open_run(ws, job, flow_run_id)
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)

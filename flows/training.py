@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 # Pinned Prefect 3.8.8: the pieces of prefect.concurrency.sync.concurrency(), used directly for the lease id.
 from pydantic import BaseModel
@@ -20,6 +20,7 @@ from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import Preempted, SiteUnavailable, is_retryable
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.training.preemption import preemption_trap
+from hybridtrain.workspace import Workspace
 from orchestration.context import run_workspace
 from orchestration.progress import bind_progress
 from orchestration.training_lease import acquire_lease
@@ -58,15 +59,19 @@ def train_stage(spec: JobSpec, approved: DatasetVersion, site: str, run_id: str,
         spec: The job spec.
         approved: The approved dataset version to train on (already in the site's store).
         site: The site this stage runs at.
-        run_id: MLflow run of the lifecycle this stage belongs to.
-        run_key: Names the checkpoint series: the same key resumes from its newest checkpoint.
+        run_id: MLflow run of the lifecycle this stage belongs to (checked first: a stage is started by
+            training-lifecycle).
+        run_key: Names the checkpoint series (letters, digits, . _ -): the same key resumes from its newest
+            checkpoint.
         workspace: Workspace root on the worker. Empty: HYBRIDTRAIN_HOME or the working directory.
         attempt: Which training attempt of the lifecycle this is (1 for the first).
         capacity_class: The placement's capacity class at the site (``opportunistic``: spot). Instances a
             multi-node job starts follow it; empty: the site's own class.
     """
     bind_progress()
+    stages.check_run_key(run_key)
     ws = run_workspace(workspace)
+    stages.check_run(ws, run_id)  # before the lease and the training: the result goes back through this run
     # One trap for the whole stage: a notice while the lease is taken stops training after its first step
     # (a preemption, resumed), and one after training ended is recorded while the stage finishes.
     with preemption_trap(spec.checkpoint.preemption_grace_s):
@@ -76,8 +81,23 @@ def train_stage(spec: JobSpec, approved: DatasetVersion, site: str, run_id: str,
                 trained = train(ws, spec, approved, site, run_id, run_key, capacity_class)
             evaluated = evaluate(ws, spec, approved, site, trained.model_uri)
         except Exception as exc:
-            stages.save_result(ws, run_id, f"train-attempt-{attempt}", AttemptEnd.of(exc, site))
+            save_attempt_end(ws, run_id, f"train-attempt-{attempt}", AttemptEnd.of(exc, site))
             raise
         out = Trained(trained=trained, evaluated=evaluated)
         stages.save_result(ws, run_id, "train-stage", out)  # a plain call, as in flows.data
     return out
+
+
+def save_attempt_end(ws: Workspace, run_id: str, name: str, end: AttemptEnd) -> None:
+    """Record how an attempt that raised ended, for the run that started it; called while its error propagates.
+
+    The attempt's own error is what the user must see: when the record cannot be written (MLflow
+    does not answer), that is logged and the caller re-raises the original error, which a failing
+    ``save_result`` would otherwise replace. The starting run then finds no record and judges the
+    attempt by its flow run's state.
+    """
+    try:
+        stages.save_result(ws, run_id, name, end)
+    except Exception as lost:  # noqa: BLE001 - logged; the attempt's error, re-raised by the caller, wins
+        get_run_logger().warning("could not record how the attempt ended (%s) in MLflow run %s: %s", end.kind,
+                                 run_id, lost)

@@ -42,6 +42,7 @@ from hybridtrain.stages.site_access import (
 )
 from hybridtrain.stages.tracking import (
     build_lineage,
+    check_run,
     close_run,
     find_result,
     load_result,
@@ -50,6 +51,7 @@ from hybridtrain.stages.tracking import (
     save_result,
 )
 from hybridtrain.stages.training import (
+    check_run_key,
     checkpoint_sites,
     list_instances,
     move_checkpoint,
@@ -79,6 +81,7 @@ __all__ = [
     "check_destination",
     "sync",
     "train",
+    "check_run_key",
     "move_checkpoint",
     "observed_preemption_rate",
     "sweep_instances",
@@ -91,6 +94,7 @@ __all__ = [
     "promote",
     "build_lineage",
     "open_run",
+    "check_run",
     "record_data",
     "close_run",
     "save_result",

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import BaseModel
 
 from hybridtrain.datasets.transfer import TransferRecord
+from hybridtrain.errors import Problem, SpecError
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.tracking.lineage import Lineage, code_version
 from hybridtrain.tracking.model_registry import Registry
@@ -99,6 +100,29 @@ def close_run(ws: Workspace, run_id: str, lineage: Lineage, evaluation: Evaluate
     if evaluation.champion_metrics:
         registry.log_metrics(run_id, {f"champion_test_{k}": v for k, v in evaluation.champion_metrics.items()})
     registry.end_run(run_id, "FINISHED")
+
+
+def check_run(ws: Workspace, run_id: str, field: str = "run_id", started_by: str = "training-lifecycle") -> None:
+    """Refuse a stage whose ``run_id`` is not an MLflow run of this workspace, before the stage does anything.
+
+    A stage flow hands its result back through the run (``save_result``); with a wrong id it would do
+    all its work (prepare data, train) and fail only then. ``field`` names the parameter, ``started_by``
+    the flow that starts this stage with its own run's id (what the user should run instead). An
+    MLflow server that does not answer raises its own error: that is not the caller's mistake.
+    """
+    from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
+
+    fix = f"this flow is started by {started_by} with its MLflow run's id: run that deployment instead"
+    if not run_id or not run_id.strip():
+        raise SpecError("parameters", [Problem(field, f"{field} is empty; {fix}")])
+    try:
+        run = Registry(ws.tracking_uri, ws.mlflow_artifacts).client.get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise
+        raise SpecError("parameters", [Problem(field, f"no MLflow run {run_id!r}; {fix}")]) from None
+    if run.info.lifecycle_stage == "deleted":
+        raise SpecError("parameters", [Problem(field, f"MLflow run {run_id!r} was deleted; {fix}")])
 
 
 # -- stage results, handed back through the lifecycle's MLflow run ------------------------------

@@ -33,6 +33,24 @@ log = logging.getLogger(__name__)
 #: time to save the last checkpoint and log the model before ``recover-runs`` may terminate them.
 INSTANCE_GRACE = timedelta(minutes=30)
 ENDED_RUN_STATES = ("FINISHED", "FAILED", "KILLED")
+#: What a run key may be: the characters job ids on SSH hosts and object keys allow (a flow run id, an MLflow run id,
+#: ``nightly-2026-12-02``), starting with a letter or digit, so that no ``/``, ``.`` or ``..`` reaches a store's keys.
+RUN_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_run_key(run_key: str | None, field: str = "run_key") -> None:
+    """Refuse a run key that could not name a checkpoint series, naming ``field`` (the caller's name for it).
+
+    ``None`` (the run picks its own key) passes. Checked before a run starts: the store's own key check
+    (``storage.object_store.check_key``) would catch ``../x`` only at the first checkpoint, after the data
+    was prepared and synced and training ran that far.
+    """
+    if run_key is None or RUN_KEY_RE.fullmatch(run_key):
+        return
+    shown = repr(run_key) if len(run_key) <= 80 else f"{run_key[:77]!r}... ({len(run_key)} characters)"
+    raise SpecError("parameters", [Problem(field, (
+        f"{shown} is not a run key; use up to 128 letters, digits, . _ - starting with a letter or digit "
+        "(e.g. the flow run id of the run to resume)"))])
 
 
 def train(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, run_id: str, run_key: str,

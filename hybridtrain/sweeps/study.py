@@ -75,36 +75,61 @@ _STORAGES: dict[str, Any] = {}
 _STORAGES_LOCK = threading.Lock()
 
 
-def open_storage(url: str) -> Any:
+#: How the CLI's user sets the storage (``--storage`` > this variable), named when it cannot be opened.
+STORAGE_SETTING = "HYBRIDTRAIN_SWEEP_STORAGE"
+
+
+def storage_field(override: str | None, name: str) -> str:
+    """The setting a storage URL came from, for messages: ``name`` (the caller's own name for ``override``:
+    the flows' ``storage`` parameter, the CLI's ``--storage``) when given, else ``HYBRIDTRAIN_SWEEP_STORAGE``
+    when set, else ``name`` again (the default a user replaces by giving it)."""
+    if not override and SweepSettings().storage:
+        return STORAGE_SETTING
+    return name
+
+
+def open_storage(url: str, field: str = STORAGE_SETTING) -> Any:
     """An Optuna RDB storage on ``url``, one per URL and process; the SQLite file's directory is created on first use.
 
     Opening one costs a new engine and connection pool, Optuna's schema check and version query:
     every trial run in this process (the sweep's parent, a worker) shares the first one instead
-    (thread-safe: Optuna gives each thread its own session).
+    (thread-safe: Optuna gives each thread its own session). A URL that cannot be opened is a
+    ``SpecError`` naming ``field``, the setting the user gave it with (``storage_field``): the sweep
+    flow opens it first, so a bad one is refused before any data is prepared or MLflow run opened.
     """
     with _STORAGES_LOCK:
         storage = _STORAGES.get(url)
         if storage is None:
-            storage = _STORAGES[url] = _new_storage(url)
+            storage = _STORAGES[url] = _new_storage(url, field)
         return storage
 
 
-def _new_storage(url: str) -> Any:
+def _new_storage(url: str, field: str) -> Any:
+    import sqlite3
+
     import optuna
     import sqlalchemy.exc
 
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
-    if url.startswith("sqlite:///"):
-        path = Path(url.removeprefix("sqlite:///"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_ahead_log(path)
-        kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
     try:
+        if url.startswith("sqlite:///"):
+            path = Path(url.removeprefix("sqlite:///"))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_ahead_log(path)
+            kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=None)
-    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
+    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, ImportError, ValueError, OSError) as exc:
+        how = ("--storage or HYBRIDTRAIN_SWEEP_STORAGE" if field == STORAGE_SETTING
+               else f"as {field}, or leave {field} empty for HYBRIDTRAIN_SWEEP_STORAGE, else SQLite in the workspace")
         raise SpecError("sweep storage", [Problem(
-            "HYBRIDTRAIN_SWEEP_STORAGE", f"cannot open the study database {_redact(url)}: {exc}. Give a reachable "
-            "sqlite:///PATH or postgresql://USER:PASSWORD@HOST/DB (--storage or HYBRIDTRAIN_SWEEP_STORAGE)")]) from exc
+            field, f"cannot open the study database {_redact(url)}: {_reason(exc)}. Give a reachable "
+            f"sqlite:///PATH or postgresql://USER:PASSWORD@HOST/DB ({how})")]) from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """The error's own first line (SQLAlchemy adds a background link, sqlite3 the statement)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def _write_ahead_log(path: Path) -> None:
