@@ -6,6 +6,7 @@ queued (``pass_at_once``, called by the lifecycle's training dispatch when ``bur
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import UTC, datetime
 
@@ -13,6 +14,8 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.deployments import run_deployment
 
+import flows  # noqa: F401  - a worker loads this file by its path, not as a module of flows: its fixes first
+from hybridtrain.errors import Problem
 from hybridtrain.placement.burst import plan_bursts
 from hybridtrain.placement.engine import Placement
 from hybridtrain.placement.policy import Policy
@@ -21,15 +24,31 @@ from orchestration.dispatch import has_deployment
 from orchestration.queues import burst_inputs
 from tasks.burst import announce_release, read_pool, read_queues, relocate
 
+DEFAULT_INTERVAL_S = 120.0
+#: The longest ``interval_s``: a day. It is the margin added to every predicted start (the time until the next
+#: pass), so a huge one makes every waiting run look late and moves them all.
+MAX_INTERVAL_S = 86400.0
+
+
+def interval_problems(interval_s: object) -> list[Problem]:
+    """What is wrong with ``interval_s`` (named as the Prefect UI's form names it): it must be the seconds between
+    two passes, > 0 and at most ``MAX_INTERVAL_S``. A negative one would make every run look on time (no burst)."""
+    if (isinstance(interval_s, (int, float)) and not isinstance(interval_s, bool) and math.isfinite(interval_s)
+            and 0 < interval_s <= MAX_INTERVAL_S):
+        return []
+    return [Problem("interval_s", f"{interval_s!r} is not an interval; give the seconds between passes, > 0 and "
+                                  f"at most {MAX_INTERVAL_S:.0f} (a day; default {DEFAULT_INTERVAL_S:.0f})")]
+
 
 @flow(name="burst-controller", log_prints=True)
-def burst_controller(workspace: str | None = None, interval_s: float = 120.0) -> list[dict]:
+def burst_controller(workspace: str | None = None, interval_s: float = DEFAULT_INTERVAL_S) -> list[dict]:
     """One pass over every on-prem site's pool (runs on a schedule every ``interval_s``).
 
     Judgement is the pure ``plan_bursts``: a waiting run is moved only when it would miss its
     deadline (or the wait SLO) here, the engine picks another allowed site, and its data may leave.
+    A wrong ``interval_s`` (``interval_problems``) or workspace is refused before any pool is read.
     """
-    ws = run_workspace(workspace)
+    ws = run_workspace(workspace, problems=interval_problems(interval_s), source="burst-controller")
     sites = ws.load_sites()
     placement = Placement(sites, Policy.load(ws.policy_file, sites))
     queues = read_queues(ws)

@@ -6,7 +6,8 @@ worker marks it CRASHED and that is the end. Every few minutes this flow:
 1. finds lifecycle runs (flow ``training-lifecycle``) started from a deployment in the last
    ``lookback_hours`` that are CRASHED, or RUNNING in a pool none of whose workers has sent a
    heartbeat for ``heartbeat_timeout_s`` (the host went away with its worker) — those are marked
-   CRASHED first, with that reason;
+   CRASHED first, with that reason. The timeout is at least 90 s (three of a worker's 30-s beats), and a
+   worker that beats less often counts as alive until it missed three of its own beats;
 2. skips each one already recovered (tag ``hybridtrain:recovered``) or whose job has another run
    active (scheduled, pending, running or paused) — no duplicate training; the train stage's
    lease on the job (``flows.training``) guarantees it even against a race;
@@ -14,6 +15,7 @@ worker marks it CRASHED and that is the end. Every few minutes this flow:
    own key, by default its id), so training resumes from its newest valid checkpoint wherever
    that is (``flows.supervise`` moves it to the newly placed site), tagged
    ``recovered-from:<id>`` and with an idempotency key so two recovery runs cannot both resubmit.
+   The new run is a run of the deployment in its own right, not a subflow of the recovery pass.
 
 Before that, runs outside any pool (``hybridtrain run`` and Python sessions) whose owning process
 died, or that sent no flow-run heartbeat within the heartbeat timeout, are marked CRASHED and their
@@ -31,6 +33,7 @@ Each decision is audited and listed in a table artifact.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -49,12 +52,55 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 from prefect.states import Crashed
 
+import flows  # noqa: F401  - a worker loads this file by its path, not as a module of flows: its fixes first
 from hybridtrain import stages
+from hybridtrain.errors import Problem
 from orchestration.context import run_workspace
+from orchestration.dispatch import DEFAULT_HEARTBEAT_S, MISSED_HEARTBEATS
 from orchestration.stale_runs import reap_stale_runs
 
 RECOVERED = "hybridtrain:recovered"
 ACTIVE = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED]
+
+#: The flows whose runs this flow resubmits: it reads and replays a lifecycle's parameters (spec, run_key).
+LIFECYCLE_FLOWS = ("training-lifecycle",)
+DEFAULT_HEARTBEAT_TIMEOUT_S = 300.0
+#: The shortest ``heartbeat_timeout_s``: a worker beats every ``DEFAULT_HEARTBEAT_S`` (Prefect's
+#: ``PREFECT_WORKER_HEARTBEAT_SECONDS``) and Prefect calls it offline after ``MISSED_HEARTBEATS`` missed beats;
+#: a shorter timeout finds a live worker's pool silent between two beats, crashes its runs and trains them twice.
+MIN_HEARTBEAT_TIMEOUT_S = float(MISSED_HEARTBEATS * DEFAULT_HEARTBEAT_S)
+DEFAULT_LOOKBACK_HOURS = 24.0
+#: The longest ``lookback_hours``: resuming a run that crashed over a week ago is a person's decision.
+MAX_LOOKBACK_HOURS = 7 * 24.0
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parameter_problems(flow_name: object, heartbeat_timeout_s: object, lookback_hours: object) -> list[Problem]:
+    """What is wrong with recover-runs' parameters (one problem each, named as the Prefect UI's form names them):
+    checked before anything is read, since a timeout shorter than a worker's heartbeat crashes healthy runs and
+    a window or flow that matches nothing makes the pass look at nothing and say nothing."""
+    problems = []
+    if flow_name not in LIFECYCLE_FLOWS:
+        problems.append(Problem("flow_name", f"{flow_name!r} is not a lifecycle flow; recover-runs resubmits runs "
+                                             f"of {', '.join(LIFECYCLE_FLOWS)} (the default)"))
+    least = f"give at least {MIN_HEARTBEAT_TIMEOUT_S:.0f} (default {DEFAULT_HEARTBEAT_TIMEOUT_S:.0f})"
+    if not _number(heartbeat_timeout_s):
+        problems.append(Problem("heartbeat_timeout_s", f"{heartbeat_timeout_s!r} is not a timeout; give the "
+                                                       f"seconds without a worker heartbeat after which a pool "
+                                                       f"counts as lost, {least}"))
+    elif heartbeat_timeout_s < MIN_HEARTBEAT_TIMEOUT_S:
+        problems.append(Problem("heartbeat_timeout_s", f"{heartbeat_timeout_s:g} s is shorter than "
+                                                       f"{MISSED_HEARTBEATS} worker heartbeats (a worker beats every "
+                                                       f"{DEFAULT_HEARTBEAT_S} s), so runs of live workers would be "
+                                                       f"crashed and trained twice; {least}"))
+    if not (_number(lookback_hours) and 0 < lookback_hours <= MAX_LOOKBACK_HOURS):
+        problems.append(Problem("lookback_hours", f"{lookback_hours!r} is not a window to look back over; give the "
+                                                  f"hours, > 0 and at most {MAX_LOOKBACK_HOURS:.0f} (a week; default "
+                                                  f"{DEFAULT_LOOKBACK_HOURS:.0f})"))
+    return problems
 
 
 def job_key(run: FlowRun) -> str:
@@ -70,21 +116,29 @@ def pool_silent_since(client: Any, pool: str | None, now: datetime, timeout_s: f
     """When the pool's last worker heartbeat was, if it is older than ``timeout_s`` (None: a worker is alive)."""
     if not pool:
         return None
-    workers = client.read_workers_for_work_pool(pool)
-    beats = [w.last_heartbeat_time for w in workers if w.last_heartbeat_time is not None]
-    last = max(beats) if beats else None
-    if last is not None and (now - last).total_seconds() <= timeout_s:
+    workers = [w for w in client.read_workers_for_work_pool(pool) if w.last_heartbeat_time is not None]
+    # A worker that beats less often than the timeout allows is alive until it missed MISSED_HEARTBEATS beats,
+    # as Prefect judges it: never crash the runs of a live worker.
+    if any((now - w.last_heartbeat_time).total_seconds()
+           <= max(timeout_s, MISSED_HEARTBEATS * (w.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_S))
+           for w in workers):
         return None
-    return last or datetime.min.replace(tzinfo=UTC)
+    return max((w.last_heartbeat_time for w in workers), default=datetime.min.replace(tzinfo=UTC))
 
 
 @flow(name="recover-runs", log_prints=True)
-def recover_runs(workspace: str | None = None, flow_name: str = "training-lifecycle",
-                 heartbeat_timeout_s: float = 300.0, lookback_hours: float = 24.0,
-                 dry_run: bool = False) -> list[dict[str, str]]:
-    """Resubmit crashed or lost lifecycle runs with resume; returns one row per run looked at."""
+def recover_runs(workspace: str | None = None, flow_name: str = LIFECYCLE_FLOWS[0],
+                 heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+                 lookback_hours: float = DEFAULT_LOOKBACK_HOURS, dry_run: bool = False) -> list[dict[str, str]]:
+    """Resubmit crashed or lost lifecycle runs with resume; returns one row per run looked at.
+
+    Wrong parameters (``parameter_problems``, and the workspace) are refused together, before any run is read or
+    changed: ``heartbeat_timeout_s`` at least ``MIN_HEARTBEAT_TIMEOUT_S`` (90 s), ``lookback_hours`` in (0, 168],
+    ``flow_name`` a lifecycle flow.
+    """
     log = get_run_logger()
-    ws = run_workspace(workspace)
+    ws = run_workspace(workspace, problems=parameter_problems(flow_name, heartbeat_timeout_s, lookback_hours),
+                       source="recover-runs")
     for stale in reap_stale_runs(ws):
         log.warning("%s: marked CRASHED: %s", stale["name"], stale["reason"])
     now = datetime.now(UTC)
@@ -126,7 +180,9 @@ def recover_runs(workspace: str | None = None, flow_name: str = "training-lifecy
                     client.set_flow_run_state(run.id, Crashed(message=reason), force=True)
                 params = {**(run.parameters or {})}
                 params["run_key"] = params.get("run_key") or str(run.id)
-                new = run_deployment(run.deployment_id, parameters=params, timeout=0,
+                # Not a subflow of this pass (run_deployment's default inside a flow): cancelling the pass
+                # would make the server cancel it too, and the run's lifetime is its own.
+                new = run_deployment(run.deployment_id, parameters=params, timeout=0, as_subflow=False,
                                      tags=[t for t in (run.tags or []) if not t.startswith("recovered-from:")]
                                      + [f"recovered-from:{run.id}"],
                                      idempotency_key=f"recover:{run.id}")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from hybridtrain.errors import Problem, SpecError
 from hybridtrain.specs.sites import SitesCatalog
 
 if TYPE_CHECKING:
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 STATE_DIR = ".hybridtrain"
 SECRET_BLOCK = "hybridtrain-pseudonym-key"
 RELEASE_KEY_BLOCK = "hybridtrain-release-signing-key"
+#: What a workspace root is, for the messages that refuse anything else.
+ROOT_FIX = "give the workspace root, the folder holding deployments/sites.yaml"
 
 
 class Settings(BaseSettings):
@@ -108,6 +111,41 @@ class Workspace:
             release_key_block=s.release_key_block,
             control_site=s.control_site,
         )
+
+    @classmethod
+    def checked(cls, root: Path | str | None, *, name: str, unset_fix: str, fix: str = ROOT_FIX,
+                env_fix: str = ROOT_FIX) -> Workspace:
+        """The workspace at ``root`` (None or empty: ``HYBRIDTRAIN_HOME``, else the current directory) if it is an
+        existing directory with a sites catalog; creates nothing.
+
+        Otherwise a ``SpecError`` whose one problem is located at the setting that chose the root and says what
+        is wrong and what to do: ``name`` (what the caller calls ``root``: the CLI's ``--home``, a flow's
+        ``workspace`` parameter) with ``fix``; ``HYBRIDTRAIN_HOME`` with ``env_fix``; ``name`` with ``unset_fix``
+        when neither is set and the current directory is not a workspace; ``HYBRIDTRAIN_SITES_FILE`` when that
+        names no file.
+        """
+        given = root if root is not None and str(root) != "" else None
+        ws = cls.resolve(given)
+        env_home = os.environ.get("HYBRIDTRAIN_HOME")
+        setting, shown, then = ((name, given, fix) if given is not None else
+                                ("HYBRIDTRAIN_HOME", env_home, env_fix) if env_home else (name, None, unset_fix))
+
+        def refuse(where: str, message: str) -> SpecError:
+            return SpecError(where, [Problem(where, message)])
+
+        if not ws.root.exists():
+            raise refuse(setting, f"{shown} does not exist ({ws.root}); {then}")
+        if not ws.root.is_dir():
+            raise refuse(setting, f"{shown} is a file, not a directory; {then}")
+        if not ws.sites_file.is_file():
+            if os.environ.get("HYBRIDTRAIN_SITES_FILE"):
+                raise refuse("HYBRIDTRAIN_SITES_FILE", f"no sites catalog at {ws.sites_file}; point it at one "
+                                                       "(e.g. deployments/sites.yaml)")
+            if shown is None:
+                raise refuse(setting, f"the current directory {ws.root} is not a workspace (no "
+                                      f"deployments/sites.yaml); {then}")
+            raise refuse(setting, f"{shown} is not a workspace (no file {ws.sites_file}); {then}")
+        return ws
 
     @property
     def state_dir(self) -> Path:

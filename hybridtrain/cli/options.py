@@ -43,25 +43,12 @@ class OptionValueError(SpecError):
 
 def checked_workspace(home: Path | None) -> Workspace:
     """The workspace at ``home`` (or HYBRIDTRAIN_HOME, or the current directory), refused with ``OptionError``
-    unless it is an existing directory with a sites catalog. Creates nothing."""
-    ws = Workspace.resolve(home)
-    env_home = os.environ.get("HYBRIDTRAIN_HOME")
-    option, given = ("--home", home) if home is not None else ("HYBRIDTRAIN_HOME", env_home) if env_home else \
-        ("--home", None)
-    fix = "give the workspace root, the folder holding deployments/sites.yaml"
-    if not ws.root.exists():
-        raise OptionError(option, f"{given} does not exist ({ws.root}); {fix}")
-    if not ws.root.is_dir():
-        raise OptionError(option, f"{given} is a file, not a directory; {fix}")
-    if not ws.sites_file.is_file():
-        if os.environ.get("HYBRIDTRAIN_SITES_FILE"):
-            raise OptionError("HYBRIDTRAIN_SITES_FILE", f"no sites catalog at {ws.sites_file}; point it at one "
-                                                        "(e.g. deployments/sites.yaml)")
-        if given is None:
-            raise OptionError(option, f"the current directory {ws.root} is not a workspace (no "
-                                      "deployments/sites.yaml); run from the workspace root or pass --home ROOT")
-        raise OptionError(option, f"{given} is not a workspace (no file {ws.sites_file}); {fix}")
-    return ws
+    unless it is an existing directory with a sites catalog (``Workspace.checked``). Creates nothing."""
+    try:
+        return Workspace.checked(home, name="--home", unset_fix="run from the workspace root or pass --home ROOT")
+    except SpecError as exc:
+        [problem] = exc.problems
+        raise OptionError(problem.path, problem.message) from None
 
 
 def job_spec_target(ws: Workspace, pin: Path, option: str = "--pin") -> tuple[Path, dict[str, Any]]:

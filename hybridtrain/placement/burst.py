@@ -169,8 +169,11 @@ def plan_bursts(
     ``waiting`` is the pool's queue in arrival order; ``others`` the queue states of the other
     sites, ``spot`` their outlooks. ``evict=False`` never stops running runs. ``margin_s`` is
     added to every predicted start: pass the time until the next pass, since a run that is fine
-    now but late by then can no longer be helped then.
+    now but late by then can no longer be helped then. It must be finite and >= 0 (``ValueError``):
+    a negative margin would call late runs on time, an endless one every run late.
     """
+    if not (isinstance(margin_s, (int, float)) and math.isfinite(margin_s) and margin_s >= 0):
+        raise ValueError(f"margin_s must be the seconds until the next pass, finite and >= 0, not {margin_s!r}")
     slo_s = placement.policy.wait_slo_hours * 3600.0
     tier = {w.run_id: w.tier if w.tier is not None else placement.plan_for(w.request).tier
             for w in (*waiting, *running)}

@@ -170,8 +170,8 @@ def test_the_recovery_pass_terminates_leftover_instances_and_lists_them(ec2, tmp
     ended = registry.start_run(ws.experiment, "crashed-control-plane", {})
     registry.end_run(ended, "KILLED")  # as the recovery path marks a run whose control plane died
     left = left_running(ec2, "churn-r9", "cloud-x", 2, ended, datetime.now(UTC) + timedelta(hours=2))
-    # Only the sweep is under test: a flow name no run has, so no other test's lifecycle run is resubmitted.
-    state = recover_runs(workspace=str(ws.root), flow_name="hybridtrain-tests-no-such-flow", return_state=True)
+    # Only the sweep is under test: a look-back window (~4 ms) that holds no other test's lifecycle run to resubmit.
+    state = recover_runs(workspace=str(ws.root), lookback_hours=1e-6, return_state=True)
     assert state.is_completed(), state
     assert {ec2.states()[i] for i in left} == {"terminated"}
     with get_client(sync_client=True) as client:
