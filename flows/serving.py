@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from hybridtrain.serving.server import bind, run
+import flows  # noqa: F401  - a worker loads this file by its path, not as a module of flows: its fixes first
+from hybridtrain.serving.options import FLOW_NAMES, listen, option_problems
+from hybridtrain.serving.server import run
 from hybridtrain.serving.service import build_server
 from orchestration.context import run_workspace
 
@@ -17,11 +19,18 @@ def serve_model(target: str, spec_path: str = "jobs/churn.yaml", host: str = "0.
     The deployment of this flow lives in the pool of the site that serves the target: directory
     targets on-prem, object-store targets in their (cloud) site's pool. Cancelling the flow run
     stops the server (the run ends Cancelled); the version it served is in the audit log and the target's
-    serving status.
+    serving status. A ``host``, ``port``, ``poll_s`` or ``target`` that cannot work (a port out of range or in
+    use, a host that is not this machine's) fails the run with one line naming it, before a model is loaded.
     """
-    ws = run_workspace(workspace)
-    server = build_server(ws, target, spec_path=ws.root / spec_path, poll_s=poll_s)
-    sock = bind(host, port)
+    # Every parameter that cannot work, named as in the run form, refused with the workspace's before anything loads.
+    ws = run_workspace(workspace, problems=option_problems(host, port, poll_s, target=target, names=FLOW_NAMES),
+                       source=FLOW_NAMES.source)
+    sock = listen(host, port, names=FLOW_NAMES)
+    try:
+        server = build_server(ws, target, spec_path=ws.root / spec_path, poll_s=poll_s)
+    except BaseException:
+        sock.close()
+        raise
     server.url = f"http://{host}:{sock.getsockname()[1]}"
     sv = server.start()
     get_run_logger().info("serving %s v%s from %s at %s (site %s)", server.model, sv.version, target, server.url,

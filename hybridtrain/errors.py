@@ -207,15 +207,24 @@ class Preempted(HybridtrainError):
 
 
 class StageFailed(HybridtrainError):
-    """A stage dispatched to a site's work pool did not complete; carries its flow run and state."""
+    """A stage dispatched to a site's work pool did not complete; carries its flow run and state.
+
+    ``message`` is the stage run's state message; the prefix Prefect puts before an exception's
+    ("Flow run encountered an exception: ") is dropped, so the reason reads ``... (flow run ID):
+    DataError: dataset ... failed validation: ...`` instead of after a second prefix.
+    """
+
+    #: What Prefect's engine writes before the exception in a failed run's state message.
+    PREFECT_PREFIX = "Flow run encountered an exception: "
 
     def __init__(self, stage: str, site: str, flow_run: str, state: str, message: str):
         self.stage = stage
         self.site = site
         self.flow_run = flow_run
         self.state = state
+        self.reason = (message or "").removeprefix(self.PREFECT_PREFIX).strip()
         super().__init__(
-            f"stage {stage} at site {site} ended {state} (flow run {flow_run}): {message or 'no message'}"
+            f"stage {stage} at site {site} ended {state} (flow run {flow_run}): {self.reason or 'no message'}"
         )
 
 

@@ -37,6 +37,7 @@ from hybridtrain.cli.preflight import check_dataset
 from hybridtrain.cli.run_log import RunLog
 from hybridtrain.errors import HybridtrainError, Problem, SpecError
 from hybridtrain.placement.policy import Policy
+from hybridtrain.service.stack import CONTROL_POOL
 from hybridtrain.tracking.model_registry import CHAMPION, Registry
 from hybridtrain.validation import load_job
 from hybridtrain.workspace import Workspace
@@ -401,15 +402,18 @@ def deploy(
 
 @app.command()
 def worker(
-    pool: Annotated[str, typer.Option(help="Work pool to serve: the work_pool of this site in the sites catalog.")],
+    pool: Annotated[str, typer.Option(help="Work pool to serve: the work_pool of this site in the sites catalog, "
+                                           "or control (the burst controller and recovery).")],
     home: HomeOpt = None,
     name: Annotated[str | None, typer.Option(help="Worker name shown in the UI (default: Prefect's).")] = None,
 ) -> None:
     """Start a process worker of POOL at this site, with this directory (--home) as the site root.
 
-    Flow runs get HYBRIDTRAIN_HOME set to the site root: their workspace (sites catalog, jobs, data, the
-    site's stores and state). Deployments made with `hybridtrain deploy --code-repo` clone the deployed
-    commit into each run's directory and run the flow from there."""
+    POOL is a site pool of the sites catalog or ``control``, the pool `hybridtrain deploy` makes for the
+    control flows (burst-controller, recover-runs). Flow runs get HYBRIDTRAIN_HOME set to the site root:
+    their workspace (sites catalog, jobs, data, the site's stores and state). Deployments made with
+    `hybridtrain deploy --code-repo` clone the deployed commit into each run's directory and run the flow
+    from there."""
     ws = Workspace.resolve(home)
     if not os.environ.get("PREFECT_API_URL"):
         err.print("set PREFECT_API_URL to the control plane's Prefect server (e.g. http://gateway:4200/api)")
@@ -418,8 +422,9 @@ def worker(
         pools = ws.load_sites().pools
     except HybridtrainError as exc:
         fail(exc)
-    if pool not in pools:
-        err.print(f"--pool {pool!r} is not a pool of {ws.sites_file} (pools: {', '.join(pools)})", highlight=False)
+    if pool not in pools and pool != CONTROL_POOL:
+        err.print(f"--pool {pool!r} is not a pool of {ws.sites_file} (pools: {', '.join(pools)}) nor "
+                  f"{CONTROL_POOL!r} (the control flows' pool)", highlight=False, markup=False)
         raise typer.Exit(2)
     from deployments.bootstrap import check_server  # lazy: heavy (prefect)
 

@@ -15,11 +15,8 @@ only ``--model``, from the target specs recorded on the champion version.
 
 from __future__ import annotations
 
-import errno
 import getpass
-import math
 import signal
-import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -45,57 +42,6 @@ def _fail(exc: HybridtrainError) -> typer.Exit:
     return typer.Exit(exc.exit_code)
 
 
-HOST_FIX = "give 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or another address or name of this machine"
-PORT_FIX = "choose another --port (0: any free one)"
-
-
-def _serve_option_problems(host: str, port: int, poll: float, threads: int) -> list[Problem]:
-    """Every option of ``serve`` that cannot work, checked before anything loads or is written."""
-    from hybridtrain.serving.service import MIN_POLL_S
-
-    problems = []
-    if not host.strip():
-        problems.append(Problem("--host", f"empty; {HOST_FIX}"))
-    else:
-        try:
-            socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        except (socket.gaierror, UnicodeError) as exc:
-            why = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
-            problems.append(Problem("--host", f"{host!r} is not an address or a name that resolves ({why}); "
-                                              f"{HOST_FIX}"))
-    if not 0 <= port <= 65535:
-        problems.append(Problem("--port", f"{port} is not a port; give 1-65535 (0: any free one)"))
-    if not (math.isfinite(poll) and poll >= MIN_POLL_S):
-        problems.append(Problem("--poll", f"{poll} is not a polling interval; give the seconds between checks of the "
-                                          f"target's pointers, a number >= {MIN_POLL_S} (e.g. --poll 2)"))
-    if threads < 1:
-        problems.append(Problem("--threads", f"{threads} is not a thread count; give 1 or more (1 is fastest for "
-                                             "this model's requests)"))
-    return problems
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """``bind(host, port)``, its refusals as one line naming --host or --port."""
-    from hybridtrain.serving.server import bind
-
-    try:
-        return bind(host, port)
-    except socket.gaierror as exc:
-        raise SpecError("serve", [Problem("--host", f"{host!r} does not resolve ({exc.strerror}); {HOST_FIX}")]) from None
-    except OSError as exc:
-        if exc.errno == errno.EADDRNOTAVAIL:
-            problem = Problem("--host", f"{host} is not an address of this machine; {HOST_FIX}")
-        elif exc.errno == errno.EADDRINUSE:
-            problem = Problem("--port", f"{host}:{port} is in use; {PORT_FIX}")
-        elif exc.errno in (errno.EACCES, errno.EPERM):
-            problem = Problem("--port", f"not allowed to listen on {host}:{port} (ports below 1024 need privileges); "
-                                        f"{PORT_FIX}")
-        else:
-            problem = Problem("--host", f"cannot listen on {host}:{port} ({exc.strerror or exc}); {HOST_FIX}, or "
-                                        f"{PORT_FIX}")
-        raise SpecError("serve", [problem]) from None
-
-
 def serve_command(
     target: Annotated[str, typer.Argument(help="Release target name (promotion.release_targets[].name).")],
     spec: SpecOpt = None,
@@ -110,6 +56,7 @@ def serve_command(
     """Serve the version TARGET's current pointer names, after its bundle verifies; follow the pointer."""
     import logging
 
+    from hybridtrain.serving.options import CLI_NAMES, check_options, listen
     from hybridtrain.serving.server import Terminated, run, sigterm_unwinds
     from hybridtrain.serving.service import build_server
 
@@ -118,11 +65,9 @@ def serve_command(
     try:
         # SIGTERM (kill, a supervisor) unwinds from here on, so the status written at start is removed again.
         with sigterm_unwinds():
-            problems = _serve_option_problems(host, port, poll, threads)
-            if problems:
-                raise SpecError("serve", problems)
+            check_options(host, port, poll, threads=threads, target=target, names=CLI_NAMES)
             ws = Workspace.resolve(home)
-            sock = _listen(host, port)
+            sock = listen(host, port, names=CLI_NAMES)
             server = build_server(ws, target, spec_path=spec, model=model, public_key=public_key, poll_s=poll)
             bound_host, bound_port = sock.getsockname()[:2]
             server.url = f"http://{bound_host}:{bound_port}"

@@ -58,11 +58,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,6 +85,70 @@ log = logging.getLogger(__name__)
 # -- checking a drill's inputs ---------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class DrillOptionNames:
+    """What the caller calls each of the drill's inputs (``--steps`` on the command line, ``steps`` in the
+    failover-drill flow's form), and what a refusal names as its source."""
+
+    source: str
+    scenarios: str
+    steps: str
+    interval: str
+    out: str
+
+    def example(self, name: str, value: str) -> str:
+        """How the user gives ``value`` to ``name``: ``--interval 25`` on the command line, ``interval=25`` in a form."""
+        return f"{name} {value}" if name.startswith("-") else f"{name}={value}"
+
+
+CLI_NAMES = DrillOptionNames(source="hybridtrain drill", scenarios="--scenario", steps="--steps",
+                             interval="--interval", out="--out")
+FLOW_NAMES = DrillOptionNames(source="failover-drill", scenarios="scenarios", steps="steps", interval="interval",
+                              out="out")
+
+#: The most optimizer steps a drill run may take: each scenario trains up to twice that many and the data grows
+#: with it (256 rows a step), so more only holds the worker for hours, or runs out of memory.
+MAX_STEPS = 10_000
+
+_STEP_OPTION = re.compile(r"--(steps|interval)\b(?: (\d+))?")
+
+
+def _renamed(problem: Problem, names: DrillOptionNames) -> Problem:
+    """A problem ``plan_steps`` found (it says ``--steps``, ``--interval``), in the caller's names."""
+    fields = {"--steps": names.steps, "--interval": names.interval}
+
+    def name(match: re.Match[str]) -> str:
+        field = fields[f"--{match[1]}"]
+        return names.example(field, match[2]) if match[2] else field
+
+    return Problem(fields.get(problem.path, problem.path), _STEP_OPTION.sub(name, problem.message), problem.line)
+
+
+def option_problems(
+    scenarios: Sequence[str] | None = None,
+    *,
+    steps: int = DEFAULT_STEPS,
+    interval: int | None = None,
+    names: DrillOptionNames = CLI_NAMES,
+) -> list[Problem]:
+    """What is wrong with the scenarios, ``steps`` (40 to ``MAX_STEPS``) and ``interval``, each named as in ``names``.
+
+    Needs no workspace: a flow checks these with its other parameters before it reads anything.
+    """
+    problems: list[Problem] = []
+    try:
+        check_scenarios(scenarios, field=names.scenarios)
+    except SpecError as exc:
+        problems += exc.problems
+    if steps > MAX_STEPS:
+        problems.append(Problem(names.steps, f"{steps} is too many; give at most {MAX_STEPS} (default {DEFAULT_STEPS})"))
+    try:
+        plan_steps(steps, interval)
+    except SpecError as exc:
+        problems += [_renamed(p, names) for p in exc.problems]
+    return problems
+
+
 def check_drill(
     ws: Workspace,
     scenarios: Sequence[str] | None = None,
@@ -90,24 +156,16 @@ def check_drill(
     steps: int = DEFAULT_STEPS,
     interval: int | None = None,
     out: Path | None = None,
+    names: DrillOptionNames = CLI_NAMES,
 ) -> tuple[list[str], SitesCatalog]:
     """The scenarios to run and the workspace's sites catalog, or one ``SpecError`` naming every problem at once.
 
-    Checks ``--scenario``, ``--steps``, ``--interval`` and ``--out`` (a directory, new or existing, never a file)
-    together, and reads the sites catalog (its problems join the options' ones). Reads only: a refused drill
-    has created nothing.
+    Checks the scenarios, steps, interval (``option_problems``) and out (a directory, new or existing, never a
+    file) together, each named as the caller calls it (``names``: the CLI's flags by default), and reads the sites
+    catalog (its problems join the options' ones). Reads only: a refused drill has created nothing.
     """
-    problems: list[Problem] = []
-    names: list[str] = []
-    try:
-        names = check_scenarios(scenarios)
-    except SpecError as exc:
-        problems += exc.problems
-    try:
-        plan_steps(steps, interval)
-    except SpecError as exc:
-        problems += exc.problems
-    problems += _out_problems(ws, out)
+    problems = option_problems(scenarios, steps=steps, interval=interval, names=names)
+    problems += _out_problems(ws, out, field=names.out)
     try:
         sites = ws.load_sites()
     except SpecError as exc:
@@ -120,25 +178,25 @@ def check_drill(
             raise
         problems.append(Problem(str(ws.sites_file), str(exc)))
     if problems:
-        raise SpecError("hybridtrain drill", problems)
-    return names, sites
+        raise SpecError(names.source, problems)
+    return check_scenarios(scenarios), sites
 
 
-def _out_problems(ws: Workspace, out: Path | None) -> list[Problem]:
-    """``--out`` must be a directory the report's files can go into: new (made with its parents) or existing."""
+def _out_problems(ws: Workspace, out: Path | None, *, field: str = "--out") -> list[Problem]:
+    """``out`` must be a directory the report's files can go into: new (made with its parents) or existing."""
     if out is None:
         return []
     path = Path(out) if Path(out).is_absolute() else ws.root / out
-    fix = ("give a new or existing directory for the report's files, or leave out --out "
+    fix = (f"give a new or existing directory for the report's files, or leave out {field} "
            "(default .hybridtrain/drills/<timestamp>)")
     for p in (path, *path.parents):
         if not (p.exists() or p.is_symlink()):
             continue
         if not p.is_dir():
             where = f"{out} is a file, not a directory" if p == path else f"{p} (in {out}) is a file, not a directory"
-            return [Problem("--out", f"{where}; {fix}")]
+            return [Problem(field, f"{where}; {fix}")]
         if not os.access(p, os.W_OK | os.X_OK):
-            return [Problem("--out", f"cannot write in {p} (in {out}): permission denied; {fix}")]
+            return [Problem(field, f"cannot write in {p} (in {out}): permission denied; {fix}")]
         return []
     return []
 
@@ -155,19 +213,21 @@ def run_drill(
     out: Path | None = None,
     record: bool = True,
     say: Callable[[str], None] | None = None,
+    names: DrillOptionNames = CLI_NAMES,
 ) -> DrillReport:
     """Run the drill's ``scenarios`` (default: all) in ``ws`` and return the report (written, and recorded in MLflow).
 
-    ``steps``: optimizer steps of each run (default 300); ``interval``: steps between checkpoints
+    ``steps``: optimizer steps of each run (default 300, at most ``MAX_STEPS``); ``interval``: steps between checkpoints
     (default a twelfth of the run); ``out``: the report's directory (default
     ``.hybridtrain/drills/<timestamp>``); ``record``: log the report to MLflow (experiment
     ``hybridtrain-drills``); ``say``: progress lines. Unknown scenario names or impossible step
     settings, an ``out`` that is a file or a missing or broken sites catalog raise one ``SpecError`` (every
-    problem) before anything is created (``check_drill``). A scenario that fails is reported as failed
+    problem, each named as in ``names``: the CLI's flags by default) before anything is created
+    (``check_drill``). A scenario that fails is reported as failed
     (with what happened), never raised; check ``report.failed``. A drill that stops before its report
     (an error while preparing, Ctrl-C) removes the directories it created.
     """
-    names, sites = check_drill(ws, scenarios, steps=steps, interval=interval, out=out)
+    to_run, sites = check_drill(ws, scenarios, steps=steps, interval=interval, out=out, names=names)
     emit = say or (lambda line: log.info("%s", line))
     started = datetime.now(UTC)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
@@ -191,7 +251,7 @@ def run_drill(
         assert env.reference is not None
         report.reference_seconds = round(env.reference.seconds, 3)
         report.seconds_per_step = round(env.reference.seconds_per_step, 6)
-        for name in names:
+        for name in to_run:
             report.scenarios.append(_run_scenario(env, name))
         finished = True
     finally:

@@ -46,13 +46,17 @@ def scenario_names() -> list[str]:
     return SCENARIOS.names
 
 
-def check_scenarios(names: Sequence[str] | None) -> list[str]:
-    """The scenarios to run, in the order given (None or empty: all); ``SpecError`` naming the valid ones."""
+def check_scenarios(names: Sequence[str] | None, *, field: str = "--scenario",
+                    source: str = "hybridtrain drill") -> list[str]:
+    """The scenarios to run, in the order given (None or empty: all); ``SpecError`` naming the valid ones.
+
+    ``field`` and ``source`` are how the caller names the input (the CLI's ``--scenario`` by default; the
+    failover-drill flow's ``scenarios``)."""
     if not names:
         return scenario_names()
-    problems = [Problem("--scenario", SCENARIOS.unknown_message(n)) for n in names if n not in SCENARIOS]
+    problems = [Problem(field, SCENARIOS.unknown_message(n)) for n in names if n not in SCENARIOS]
     if problems:
-        raise SpecError("hybridtrain drill", problems)
+        raise SpecError(source, problems)
     return list(dict.fromkeys(names))
 
 

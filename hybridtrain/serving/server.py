@@ -572,11 +572,15 @@ def bind(host: str, port: int) -> socket.socket:
     the client's delayed ACK — about 40 ms on every keep-alive request.
     """
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted connections (Linux)
-    sock.bind((host, port))
-    sock.listen(128)
-    sock.set_inheritable(True)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted connections (Linux)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.set_inheritable(True)
+    except BaseException:
+        sock.close()  # a refused bind leaves no open socket behind (a worker runs many flow runs)
+        raise
     return sock
 
 
