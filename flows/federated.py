@@ -33,6 +33,7 @@ from prefect.deployments import run_deployment
 from prefect.states import Cancelled
 from pydantic import BaseModel
 
+import flows  # noqa: F401  - a worker loads this file by its path, not as a module of flows: its fixes first
 from blocks.register import release_key_pem
 from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion

@@ -15,6 +15,7 @@ from prefect import flow, get_run_logger
 # Pinned Prefect 3.8.8: the pieces of prefect.concurrency.sync.concurrency(), used directly for the lease id.
 from pydantic import BaseModel
 
+import flows  # noqa: F401  - a worker loads this file by its path, not as a module of flows: its fixes first
 from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import Preempted, SiteUnavailable, is_retryable
