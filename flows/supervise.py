@@ -96,7 +96,7 @@ def train_with_recovery(ws: Workspace, job: JobSpec, approved: DatasetVersion, s
         return Placed(outcome.site, outcome.capacity_class, "; ".join(outcome.reasons))
 
     def health() -> dict[str, str]:
-        return check_sites(ws, with_workers=mode != "inline")
+        return check_sites(ws, train_stage.name, mode)
 
     def move(source: str, destination: str) -> None:
         if destination not in datasets:

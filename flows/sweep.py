@@ -262,7 +262,7 @@ class TrialRunner:
 
         supervisor = Supervisor(job=f"{self.job.name}-trial-{ticket.number}", policy=self.job.recovery,
                                 attempt=attempt, place=replace,
-                                health=lambda: check_sites(self.ws, with_workers=self.mode != "inline"),
+                                health=lambda: check_sites(self.ws, sweep_trial.name, self.mode),
                                 move=move, on_attempt=on_attempt, on_wait=log.warning, clock=clock)
         first = replace({})
         decoded = SearchSpace(self.job.sweep.parameters).decode(ticket.params)

@@ -14,7 +14,7 @@ from prefect import Flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
-from prefect.exceptions import ObjectNotFound
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from pydantic import BaseModel
 
 from hybridtrain import stages
@@ -35,12 +35,34 @@ def deployment_name(stage_flow: Flow, pool: str) -> str:
 
 
 def workers_online(pool: str) -> int:
-    """How many workers of ``pool`` report a recent heartbeat (status ONLINE)."""
+    """How many workers of ``pool`` report a recent heartbeat (status ONLINE); 0 for a pool that does not exist."""
     from prefect.client.schemas.filters import WorkerFilter, WorkerFilterStatus
 
     with get_client(sync_client=True) as client:
-        return len(client.read_workers_for_work_pool(
-            pool, worker_filter=WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"]))))
+        try:
+            return len(client.read_workers_for_work_pool(
+                pool, worker_filter=WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"]))))
+        except ObjectNotFound:
+            return 0
+        except PrefectHTTPStatusError as exc:
+            if exc.response.status_code == 404:  # no such pool (the embedded default has none)
+                return 0
+            raise
+
+
+def stage_workers(stage: str, mode: Mode) -> Callable[[str], int | None] | None:
+    """What a site-health check asks of each pool for a stage dispatched with ``mode``: its live workers where
+    the stage would run in that pool (``pools``, or ``auto`` where ``<stage>/<pool>`` is deployed), ``None`` —
+    not checked — where it runs in this process (``inline``, or ``auto`` without that deployment), so a run on the
+    embedded default never waits for a worker no stage needs."""
+    if mode == "inline":
+        return None
+
+    def count(pool: str) -> int | None:
+        if mode == "auto" and not has_deployment(f"{stage}/{pool}"):
+            return None
+        return workers_online(pool)
+    return count
 
 
 #: Prefect counts a worker offline once it missed this many of its heartbeats (``prefect.server.schemas.responses``).

@@ -11,15 +11,13 @@ from hybridtrain.workspace import Workspace
 
 
 @task(name="check-sites")
-def check_sites(ws: Workspace, with_workers: bool) -> dict[str, str]:
-    """Unhealthy site → reason. ``with_workers``: also require a live worker in the site's pool
-    (when stages are dispatched to pools; inline runs need none)."""
-    workers = None
-    if with_workers:
-        from orchestration.dispatch import workers_online
+def check_sites(ws: Workspace, stage: str, mode: str) -> dict[str, str]:
+    """Unhealthy site → reason. A site's pool must also have a live worker where ``stage`` (a stage flow's
+    name, e.g. ``train-stage``) dispatched with ``mode`` would run in it; a stage run in this process needs none
+    (``orchestration.dispatch.stage_workers``)."""
+    from orchestration.dispatch import stage_workers
 
-        workers = workers_online
-    healths = stages.site_health(ws, workers)
+    healths = stages.site_health(ws, stage_workers(stage, mode))
     create_table_artifact([row for h in healths for row in h.to_rows()], key="site-health",
                           description="Site health: SSH hosts, store, pool workers")
     return unavailable(healths)
