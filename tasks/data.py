@@ -36,5 +36,5 @@ def anonymize(ws: Workspace, spec: JobSpec, curated: DatasetVersion) -> stages.A
 
 
 @task(name="sync", retries=3, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)
-def sync(ws: Workspace, approved: DatasetVersion, destination: str, spec: JobSpec | None = None) -> stages.SyncResult:
+def sync(ws: Workspace, approved: DatasetVersion, destination: str, spec: JobSpec) -> stages.SyncResult:
     return stages.sync(ws, approved, destination, spec)

@@ -208,6 +208,21 @@ class DvcRepo:
             path=path, md5=out["md5"], size=int(out.get("size", 0)), nfiles=out.get("nfiles"), tier=tier, site=site
         )
 
+    def cached_version(self, path: str, md5: str, tier: Tier, site: str) -> DatasetVersion | None:
+        """``path`` at content ``md5`` with the size and file count of its objects in the local cache (what
+        ``add`` recorded for it), or None when the cache lacks any of them. Reads only."""
+        with self._repo() as r:
+            top = self._cache_object(r, md5)
+            if not top.is_file():
+                return None
+            if not md5.endswith(".dir"):
+                return DatasetVersion(path=path, md5=md5, size=top.stat().st_size, tier=tier, site=site)
+            objects = [self._cache_object(r, e["md5"]) for e in json.loads(top.read_text())]
+            if not all(o.is_file() for o in objects):
+                return None
+            return DatasetVersion(path=path, md5=md5, size=sum(o.stat().st_size for o in objects),
+                                  nfiles=len(objects), tier=tier, site=site)
+
     def add(self, path: str, tier: Tier, site: str) -> DatasetVersion:
         """Track ``path`` (file or directory) and return its new version."""
         target = self.root / path

@@ -1,7 +1,8 @@
 """Transfer: the one place where bytes cross a site boundary, and the record each crossing leaves.
 
 Every movement of data between sites goes through ``DataMover``, which refuses what may not
-leave (only ``approved`` data leaves its site), moves only what the destination lacks, and
+leave (only ``approved`` data leaves its site; the sync stage gives it the version as the
+workspace recorded it, never a caller's claim), moves only what the destination lacks, and
 returns a ``TransferRecord``: source, destination, what, bytes, files, seconds and the egress
 price that applied. Records are attached to the run (MLflow tags, Prefect artifact) and feed
 the cost ledger. The model bytes of federated training (updates, global weights, feature
@@ -66,7 +67,12 @@ class DataMover:
 
     @staticmethod
     def check_tier(version: DatasetVersion, source: str, destination: str) -> None:
-        """Only approved data (anonymized and leak-scanned) may leave its site."""
+        """Only approved data (anonymized and leak-scanned) may leave its site.
+
+        This checks the tier ``version`` carries, so that tier must come from the workspace's own
+        records, never from whoever asked for the sync: the sync stage hands over the version as
+        prepare-data recorded it (``stages.data_sync.recorded_version``), not the one it was given.
+        """
         if version.tier != "approved" and source != destination:
             raise SpecError(
                 version.path,

@@ -62,6 +62,12 @@ def test_sync_progress_reaches_the_run_log_and_ends_its_artifact_at_100(prefect_
     for i in range(6):
         (parts / f"part-{i}.bin").write_bytes(bytes([i]) * 20_000)
     approved = workspace_repo(ws, ws.load_sites(), "onprem-dc1").add("data/approved/probe", "approved", "onprem-dc1")
+    # A sync moves only what prepare-data approved: its record, as prepare-data writes it, and the job's spec.
+    stages.audit(ws).append(actor="test", action="tier_promotion", subject="dataset data/approved/probe",
+                            inputs={"path": "data/approved/probe", "tier_from": "curated", "tier_to": "approved",
+                                    "to_md5": approved.md5, "site": "onprem-dc1"}, outcome=f"approved {approved.md5}")
+    from hybridtrain.specs.job import load_spec
+    spec = load_spec(workspace / "jobs" / "churn.yaml", ws.load_sites())
     steps: list[progress.ProgressEvent] = []
 
     class Collect(logging.Handler):
@@ -75,7 +81,7 @@ def test_sync_progress_reaches_the_run_log_and_ends_its_artifact_at_100(prefect_
         from prefect import runtime
 
         bind_progress()
-        stages.sync(ws, approved, "cloud-eu")
+        stages.sync(ws, approved, "cloud-eu", spec)
         return str(runtime.flow_run.id)
 
     collect = Collect()
