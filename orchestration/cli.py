@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -20,7 +21,6 @@ import typer
 from rich.markup import escape
 
 from hybridtrain.cli import progress
-from hybridtrain.cli.federated import checked_workspace
 from hybridtrain.cli.main import (
     HomeOpt,
     app,
@@ -33,6 +33,7 @@ from hybridtrain.cli.main import (
     open_workspace,
     print_summary,
 )
+from hybridtrain.cli.options import checked_workspace
 from hybridtrain.cli.preflight import check_dataset
 from hybridtrain.cli.run_log import RunLog
 from hybridtrain.errors import HybridtrainError, Problem, SpecError
@@ -105,15 +106,24 @@ def _policy(ws: Workspace, sites: Any) -> Any:
 
 def _run_lifecycle(ws: Workspace, spec_path: Path, run_key: str | None, dispatch: str, job: Any = None) -> Any:
     """Run the lifecycle flow here, showing its progress (bars on a terminal, plain lines otherwise); a user
-    error prints one clear line (Prefect's traceback goes to the run's log file only)."""
+    error prints one clear line (Prefect's traceback goes to the run's log file only).
+
+    Without ``run_key`` the run gets a fresh one, so that Ctrl-C can say how to resume it: ``interrupted: ...
+    resume with `hybridtrain run SPEC --run-key KEY```, exit 130 (the checkpoints written so far are kept)."""
     from flows.lifecycle import lifecycle  # lazy: heavy (prefect, torch)
     from orchestration.session import owned_runs  # lazy: heavy (prefect)
 
+    run_key = run_key or f"run-{uuid.uuid4().hex[:12]}"
     with RunLog(ws.state_dir / "logs") as log:
         try:
             with progress.shown(console), owned_runs():
                 return lifecycle(spec_path=str(spec_path), spec=job, workspace=str(ws.root), run_key=run_key,
                                  dispatch=dispatch)
+        except KeyboardInterrupt:
+            err.print(f"interrupted: the run stopped; the checkpoints it wrote are kept. Resume its training with "
+                      f"`hybridtrain run {spec_path} --run-key {run_key}` (the log: {log.path})", highlight=False,
+                      markup=False, soft_wrap=True)
+            raise typer.Exit(130) from None
         except HybridtrainError as exc:
             logging.getLogger("hybridtrain.cli").error("the run failed: %s", exc, exc_info=exc)
             err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
@@ -150,6 +160,9 @@ def run(
     try:
         sites = ws.load_sites()
         job = load_job(spec if spec.is_absolute() else ws.root / spec, sites, _policy(ws, sites))
+        from hybridtrain.stages.training import check_run_key
+
+        check_run_key(run_key, "--run-key")  # a ../ key would fail only at the first checkpoint
         check_dataset(ws, job, sites, str(spec))
         ws = _open_session(home).ws
         summary = _run_lifecycle(ws, spec, run_key, dispatch)

@@ -46,6 +46,13 @@ def test_run_with_a_missing_spec_is_a_clear_error(tmp_path):
     assert "file not found" in result.output and "Traceback" not in result.output
 
 
+def test_run_with_a_run_key_that_names_no_checkpoint_series_is_refused_before_anything_starts(tmp_path):
+    result = runner.invoke(app, ["run", str(ROOT / "jobs/churn.yaml"), "--run-key", "../../etc", "--home", str(ROOT)])
+    assert result.exit_code == 2, result.output
+    assert "--run-key: '../../etc' is not a run key" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
 def test_schema_is_json_schema_of_the_spec():
     result = runner.invoke(app, ["schema"])
     assert result.exit_code == 0
@@ -93,3 +100,26 @@ def test_deploy_with_a_code_repo_for_an_unknown_pool_names_the_pools(workspace, 
     result = runner.invoke(app, ["deploy", "--code-repo", "gpu=file:///srv/ml.git", "--home", str(workspace)])
     assert result.exit_code == 2, result.output
     assert "pool 'gpu' is not in the sites catalog (pools: cloud, onprem)" in result.output
+
+
+def test_ctrl_c_during_a_run_says_how_to_resume_it(tmp_path, monkeypatch, capsys):
+    import typer
+
+    import flows.lifecycle
+    from hybridtrain.workspace import Workspace
+    from orchestration import cli
+
+    seen = {}
+
+    def interrupted(**params):
+        seen.update(params)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(flows.lifecycle, "lifecycle", interrupted)
+    ws = Workspace.resolve(tmp_path)
+    with pytest.raises(typer.Exit) as exc:
+        cli._run_lifecycle(ws, ROOT / "jobs/churn.yaml", None, "inline")
+    assert exc.value.exit_code == 130
+    key = seen["run_key"]  # the run was given a key it can be resumed by
+    said = " ".join(capsys.readouterr().err.split())
+    assert said.startswith("interrupted:") and f"--run-key {key}`" in said and "Traceback" not in said
