@@ -77,6 +77,11 @@ def sweep(
             _print_plan(ws, job, sites, policy or Policy.load(ws.policy_file, sites), dataset_bytes, queue or [],
                         as_json, storage)
             return
+        from hybridtrain.sweeps.study import open_storage, storage_field, storage_url
+
+        # A study database that cannot be opened is refused naming --storage (or the variable), before Prefect
+        # starts; the flow reuses the storage opened here.
+        open_storage(storage_url(ws, storage), storage_field(storage, "--storage"))
         from orchestration.session import open_session, owned_runs  # lazy: heavy (prefect)
 
         open_session(ws.root)

@@ -202,6 +202,18 @@ def test_cli_plan_and_a_spec_without_a_sweep(tmp_path):
     assert not (tmp_path / "other.db").exists()
 
 
+def test_a_sweep_whose_storage_cannot_be_opened_is_refused_before_prefect_starts(tmp_path):
+    from tests.fixtures.workspaces import make_workspace
+
+    ws = make_workspace(tmp_path / "ws")
+    out = subprocess.run([sys.executable, "-m", "orchestration.cli", "sweep", "jobs/churn-sweep.yaml", "--storage",
+                          "nonsense", "--home", str(ws)], check=False, capture_output=True, text=True, timeout=120)
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "--storage: cannot open the study database nonsense" in said, out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (ws / ".hybridtrain" / "prefect").exists()  # no Prefect server was started for it
+
+
 def test_a_trial_reports_its_epoch_while_another_reader_holds_the_study_open(tmp_path, monkeypatch):
     # Trials read and write the study from several threads and processes at once; in SQLite's default
     # journal mode a write waits for every open read to end (up to the whole busy timeout).
