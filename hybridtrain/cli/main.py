@@ -335,6 +335,8 @@ def status(
     try:
         runs = [] if fresh else (reg := Registry(ws.tracking_uri, ws.mlflow_artifacts)).recent_runs(ws.experiment,
                                                                                                  limit)
+    except HybridtrainError as exc:  # e.g. a store at another schema: its own line says what to do
+        fail(exc)
     except Exception as exc:  # noqa: BLE001 - MLflow and SQLAlchemy raise many kinds for an unreadable store
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         fail(HybridtrainError(f"cannot read the tracking store {ws.tracking_uri}: {first[:200]}; check "

@@ -8,6 +8,10 @@ a column-based signature, so ``mlflow.pyfunc.load_model(...).predict(records)`` 
 serve`` score rows; ``load``/``load_uri`` give the network and featurizer back for evaluation
 (and still read versions logged with the older pytorch flavor). Promotion is an
 alias move (``champion``), the previous champion stays reachable as ``previous``.
+
+Logging into a run never changes its status: a run is RUNNING from ``start_run`` until ``end_run``
+(or the stale-run reaper) ends it. A ``sqlite:///`` store is created whole or not at all, and an
+empty one that an interrupted creation left half-made is made again (``sqlite_store``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+
+from hybridtrain.tracking.sqlite_store import ensure_sqlite_store
 
 CHAMPION = "champion"
 PREVIOUS = "previous"
@@ -65,7 +71,8 @@ class Registry:
         served = tracking_uri.startswith(("http://", "https://"))
         self.artifact_root = Path(artifact_root) if artifact_root and not served else None
         if tracking_uri.startswith("sqlite:///"):
-            Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            # Created whole or not at all: an interrupted first creation must not leave a half-migrated store.
+            ensure_sqlite_store(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
     # -- runs --------------------------------------------------------------------------------
@@ -186,12 +193,33 @@ class Registry:
 
     @contextmanager
     def _active(self, run_id: str) -> Iterator[None]:
+        """Make ``run_id`` MLflow's active run in this thread while the body logs to it (``mlflow.pyfunc.log_model``
+        logs only into the active run), without changing the run: its status and end time stay as they were.
+
+        ``mlflow.start_run(run_id=...)`` would set the run RUNNING, and leaving its ``with`` block ends it FINISHED
+        — a lifecycle run that is still going would read FINISHED from its record-data stage on, and stay so if
+        its process then died, where the stale-run reaper (which ends RUNNING runs KILLED) would not see it.
+        So the run is pushed on MLflow's active-run stack as ``start_run`` does, and popped, not ended, after.
+        """
         import mlflow  # lazy: heavy (mlflow)
+        from mlflow.tracking import fluent  # lazy: heavy (mlflow)
 
         mlflow.set_tracking_uri(self.tracking_uri)
         mlflow.set_registry_uri(self.tracking_uri)
-        with mlflow.start_run(run_id=run_id, log_system_metrics=False):
+        current = mlflow.active_run()
+        if current is not None and current.info.run_id == run_id:
             yield
+            return
+        stack = fluent._active_run_stack.get()
+        attached = fluent.ActiveRun(self.client.get_run(run_id))
+        stack.append(attached)
+        try:
+            yield
+        finally:
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] is attached:
+                    del stack[i]
+                    break
 
     def log_dataset(self, run_id: str, *, name: str, digest: str, source: str, context: str,
                     tags: dict[str, str]) -> None:
@@ -270,6 +298,16 @@ class Registry:
     def set_version_tags(self, name: str, version: str, tags: dict[str, Any]) -> None:
         for k, v in tags.items():
             self.client.set_model_version_tag(name, version, k, str(v))
+
+    def delete_version_tag(self, name: str, version: str, key: str) -> None:
+        """Remove tag ``key`` from a version; no error when it has no such tag."""
+        from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
+
+        try:
+            self.client.delete_model_version_tag(name, str(version), key)
+        except MlflowException:
+            if key in self.version(name, version).tags:
+                raise
 
     def move_champion(self, name: str, version: str) -> str | None:
         """Point ``champion`` at ``version``; the version it replaces becomes ``previous``."""
