@@ -331,7 +331,9 @@ def rollback_command(
     except HybridtrainError as exc:
         raise fail(exc) from None
     console.print(f"{model}: champion v{outcome.from_version} -> v{outcome.to_version}; previous -> "
-                  f"{'v' + outcome.previous if outcome.previous else 'none'}", highlight=False, markup=False)
+                  f"{'v' + outcome.previous if outcome.previous else 'none'}"
+                  + (" (finished the rollback an interruption had left half-done)" if outcome.resumed else ""),
+                  highlight=False, markup=False)
     for t in outcome.release.targets:
         console.print(f"  {t.target} ({t.kind}, {t.url}): current v{t.current}; holds "
                       f"{', '.join('v' + v for v in t.versions)}", highlight=False, markup=False)
@@ -362,7 +364,8 @@ def retire_command(
     except HybridtrainError as exc:
         raise fail(exc) from None
     console.print(f"{model} v{outcome.version} retired: removed from "
-                  f"{', '.join(t.target for t in outcome.release.targets) or 'no targets'}; bundle kept in the archive",
+                  f"{', '.join(t.target for t in outcome.release.targets) or 'no targets'}; bundle kept in the archive"
+                  + (" (finished the retire an interruption had left half-done)" if outcome.resumed else ""),
                   highlight=False, markup=False)
 
 

@@ -25,12 +25,25 @@ path cannot be read or written (a file where its directory belongs) stops the op
 ``ReleaseRefused`` naming the path; what had already changed is audited and repeating the
 command after the fix is safe.
 
+An interrupted ``rollback`` or ``retire`` (Ctrl-C, a killed process) is finished by running it again,
+and audited once, as what was asked. Before either moves a target or an alias it marks its intent on
+the registry version it acts on — ``hybridtrain.governance.rollback.pending`` on the version rolled back
+to (naming the one rolled back from), ``hybridtrain.governance.retire.pending`` on the version being
+retired — and it removes the mark only after its audit record is written. Run again while a mark is
+there, the command completes *that* operation (every step is idempotent), records it with
+``"resumed": true`` unless its record (found by the mark's start time, ``inputs.started``) is already
+in the log, and clears the mark. So a rollback of v2 stopped after ``champion`` moved to v1 is
+recorded, on the re-run, as ``champion v2 -> v1``, never as ``v1 -> v1``; a rollback whose
+``champion`` and ``previous`` are the same version, with no mark, is refused; retiring a version
+already retired is refused and records nothing.
+
 Refusals never name a temporary copy of a bundle (the flow's build directory, a copy fetched
 for re-release): they name the model version instead.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,7 +52,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from hybridtrain.errors import BundleRejected, HybridtrainError, ReleaseRefused
-from hybridtrain.governance.audit_log import AuditLog, AuditLogUnwritable
+from hybridtrain.governance.audit_log import AuditLog, AuditLogInvalid, AuditLogUnwritable
 from hybridtrain.governance.bundle import ModelBundle
 from hybridtrain.governance.gates import GateReport
 from hybridtrain.governance.release import Releaser, ReleaseRecord, version_order
@@ -48,6 +61,10 @@ from hybridtrain.tracking.model_registry import CHAMPION, PREVIOUS, VersionInfo
 
 PROMOTION_TAG = "hybridtrain.governance.promotion"
 STATUS_TAG = "hybridtrain.status"
+#: On the version a rollback moves ``champion`` to, while that rollback is unfinished: JSON ``{"from", "started"}``.
+ROLLBACK_PENDING_TAG = "hybridtrain.governance.rollback.pending"
+#: On the version being retired, while that retire is unfinished: the time it started.
+RETIRE_PENDING_TAG = "hybridtrain.governance.retire.pending"
 
 
 class ModelRegistry(Protocol):
@@ -67,6 +84,8 @@ class ModelRegistry(Protocol):
 
     def set_version_tags(self, name: str, version: str, tags: Mapping[str, Any]) -> None: ...
 
+    def delete_version_tag(self, name: str, version: str, key: str) -> None: ...
+
 
 @dataclass(frozen=True)
 class PromotionOutcome:
@@ -84,6 +103,7 @@ class RollbackOutcome:
     to_version: str
     previous: str | None
     release: ReleaseRecord
+    resumed: bool = False  # it finished a rollback an interruption had left half-done
 
 
 @dataclass(frozen=True)
@@ -92,10 +112,26 @@ class RetireOutcome:
     version: str
     previous: str | None
     release: ReleaseRecord
+    resumed: bool = False  # it finished a retire an interruption had left half-done
 
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _started() -> str:
+    """The start time an intent mark carries (microseconds: it identifies the operation's audit record)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _recorded(audit: AuditLog, action: str, subject: str, started: str) -> bool:
+    """Whether the log already holds the record of the operation that started at ``started`` (an interruption
+    between its append and the removal of its mark)."""
+    try:
+        return any(r.action == action and r.subject == subject and r.inputs.get("started") == started
+                   for r in audit.records())
+    except AuditLogInvalid:
+        return False  # check_appendable passed, so the append can go on; a damaged line is for `audit verify`
 
 
 T = TypeVar("T")
@@ -207,10 +243,12 @@ def _holdings(releaser: Releaser, model: str) -> list[dict[str, Any]] | str:
 
 
 def _earlier_champion(registry: ModelRegistry, model: str, before: str) -> str | None:
-    """The newest version older than ``before`` that was champion and is neither retired nor rolled back."""
+    """The newest version older than ``before`` that was champion and is neither retired (nor being retired) nor
+    rolled back."""
     candidates = [v for v in registry.versions(model)
                   if version_order(v.version) < version_order(before)
-                  and v.tags.get(PROMOTION_TAG) == "champion" and v.tags.get(STATUS_TAG) != "retired"]
+                  and v.tags.get(PROMOTION_TAG) == "champion" and v.tags.get(STATUS_TAG) != "retired"
+                  and not v.tags.get(RETIRE_PENDING_TAG)]
     return max(candidates, key=lambda v: version_order(v.version)).version if candidates else None
 
 
@@ -223,75 +261,159 @@ def _move_previous(registry: ModelRegistry, model: str, champion: str) -> str | 
     return previous
 
 
+
+def _being_retired(info: VersionInfo) -> bool:
+    return info.tags.get(STATUS_TAG) == "retired" or bool(info.tags.get(RETIRE_PENDING_TAG))
+
+
+def _rollback_marks(registry: ModelRegistry, model: str,
+                    champion: str) -> tuple[tuple[VersionInfo, str, str] | None, list[str]]:
+    """The unfinished rollback a re-run completes — (version rolled back to, version rolled back from, start) —
+    and the versions whose marks are stale: ``champion`` has since moved off both versions (a promotion), the
+    mark does not parse, or the version rolled back to has been retired."""
+    live: list[tuple[VersionInfo, str, str]] = []
+    stale: list[str] = []
+    for info in registry.versions(model):
+        raw = info.tags.get(ROLLBACK_PENDING_TAG)
+        if not raw:
+            continue
+        try:
+            mark = json.loads(raw)
+            frm, started = str(mark["from"]), str(mark["started"])
+        except (ValueError, KeyError, TypeError):
+            stale.append(info.version)
+            continue
+        if champion in (frm, info.version) and not (champion == frm and _being_retired(info)):
+            live.append((info, frm, started))
+        else:
+            stale.append(info.version)
+    live.sort(key=lambda m: m[2])
+    stale += [m[0].version for m in live[:-1]]  # at most one rollback is unfinished; the newest wins
+    return (live[-1] if live else None), stale
+
+
 def rollback(registry: ModelRegistry, releaser: Releaser, audit: AuditLog, model: str, *,
              actor: str) -> RollbackOutcome:
-    """Move ``champion`` back to ``previous`` and re-release that version everywhere."""
+    """Move ``champion`` back to ``previous`` and re-release that version everywhere; run again after an
+    interruption, finish the rollback that was interrupted (see the module docstring)."""
     champion = registry.by_alias(model, CHAMPION)
     if champion is None:
         raise ReleaseRefused(model, "has no champion, so there is nothing to roll back")
-    target = registry.by_alias(model, PREVIOUS)
-    if target is None:
-        raise ReleaseRefused(model, f"has no previous version to roll back to (v{champion.version} is the only "
-                                    "champion it has had, or earlier ones were retired); promote another version "
-                                    "instead")
-    if target.tags.get(STATUS_TAG) == "retired":
-        raise ReleaseRefused(model, f"previous version v{target.version} was retired; promote another version instead")
-    move = f"rollback v{champion.version} -> v{target.version}"
+    pending, stale = _rollback_marks(registry, model, champion.version)
+    if pending is not None:
+        target, from_version, started = pending
+    else:
+        found = registry.by_alias(model, PREVIOUS)
+        if found is None:
+            raise ReleaseRefused(model, f"has no previous version to roll back to (v{champion.version} is the only "
+                                        "champion it has had, or earlier ones were retired); promote another version "
+                                        "instead")
+        target = found
+        if target.version == champion.version:
+            raise ReleaseRefused(model, f"champion and previous both point at v{champion.version}, so there is "
+                                        f"nothing to roll back to (v{champion.version} is already the champion); "
+                                        "promote another version, or point the previous alias at the one to go "
+                                        "back to")
+        if target.tags.get(STATUS_TAG) == "retired":
+            raise ReleaseRefused(model, f"previous version v{target.version} was retired; promote another version "
+                                        "instead")
+        if target.tags.get(RETIRE_PENDING_TAG):
+            raise ReleaseRefused(model, f"previous version v{target.version} is being retired (a retire was "
+                                        f"interrupted); finish it with `hybridtrain retire {model} {target.version}`, "
+                                        "or promote another version instead")
+        from_version, started = champion.version, _started()
+    to_version = target.version
+    move = f"rollback v{from_version} -> v{to_version}"
     _check_auditable(audit, model, move)
+    for version in stale:
+        registry.delete_version_tag(model, version, ROLLBACK_PENDING_TAG)
+    if pending is None:  # the intent, before anything it names moves
+        registry.set_version_tags(model, to_version, {
+            ROLLBACK_PENDING_TAG: json.dumps({"from": from_version, "started": started})})
+    alias_moved = champion.version == to_version
     try:
-        record = _target_io(model, move, lambda: releaser.restore(model, target.version))
+        record = _target_io(model, move, lambda: releaser.restore(model, to_version))
     except HybridtrainError as exc:
-        exc = _named(exc, f"{model} v{target.version} (the copy being re-released)")
+        exc = _named(exc, f"{model} v{to_version} (the copy being re-released)")
         if isinstance(exc, BundleRejected):
-            exc = BundleRejected(exc.bundle, exc.problems,
-                                 advice=f"Nothing was rolled back: the champion is still v{champion.version}. "
-                                        f"{exc.advice}")
+            state = (f"The champion already points at v{to_version} (an interrupted rollback); run it again after "
+                     "the fix to finish it." if alias_moved
+                     else f"Nothing was rolled back: the champion is still v{from_version}.")
+            exc = BundleRejected(exc.bundle, exc.problems, advice=f"{state} {exc.advice}")
         audit.append(actor=actor, action="rollback", subject=f"model {model}",
-                     inputs={"from": champion.version, "to": target.version,
+                     inputs={"from": from_version, "to": to_version, "started": started,
                              "targets": _holdings(releaser, model)}, outcome=f"refused: {exc}")
+        if not alias_moved:  # the registry is as it was: a later rollback starts afresh
+            registry.delete_version_tag(model, to_version, ROLLBACK_PENDING_TAG)
         raise exc from None
-    registry.set_alias(model, CHAMPION, target.version)
-    registry.set_version_tags(model, champion.version, {PROMOTION_TAG: "rolled-back",
-                                                        "hybridtrain.rolled_back_at": _now()})
-    registry.set_version_tags(model, target.version, record.tags())
-    previous = _move_previous(registry, model, target.version)
-    _record_done(audit, model, f"champion rolled back v{champion.version} -> v{target.version}, current on every "
-                               "target", actor=actor, action="rollback", subject=f"model {model}",
-                 inputs={"from": champion.version, "to": target.version, "previous": previous,
-                         "release": record.model_dump(mode="json")},
-                 outcome=f"champion v{champion.version} -> v{target.version}; current on {len(record.targets)} "
-                         "target(s)")
-    return RollbackOutcome(model, champion.version, target.version, previous, record)
+    registry.set_alias(model, CHAMPION, to_version)
+    rolled_back = {PROMOTION_TAG: "rolled-back"}
+    if registry.version(model, from_version).tags.get(PROMOTION_TAG) != "rolled-back":
+        rolled_back["hybridtrain.rolled_back_at"] = _now()
+    registry.set_version_tags(model, from_version, rolled_back)
+    registry.set_version_tags(model, to_version, record.tags())
+    previous = _move_previous(registry, model, to_version)
+    subject = f"model {model}"
+    if pending is None or not _recorded(audit, "rollback", subject, started):
+        _record_done(audit, model, f"champion rolled back v{from_version} -> v{to_version}, current on every "
+                                   "target", actor=actor, action="rollback", subject=subject,
+                     inputs={"from": from_version, "to": to_version, "previous": previous, "started": started,
+                             **({"resumed": True} if pending is not None else {}),
+                             "release": record.model_dump(mode="json")},
+                     outcome=f"champion v{from_version} -> v{to_version}; current on {len(record.targets)} "
+                             "target(s)")
+    registry.delete_version_tag(model, to_version, ROLLBACK_PENDING_TAG)
+    return RollbackOutcome(model, from_version, to_version, previous, record, resumed=pending is not None)
 
 
 def retire(registry: ModelRegistry, releaser: Releaser, audit: AuditLog, model: str, version: str, *,
            actor: str) -> RetireOutcome:
-    """Remove ``version`` from every release target and mark it retired (its bundle stays archived)."""
+    """Remove ``version`` from every release target and mark it retired (its bundle stays archived); run again
+    after an interruption, finish that retire (see the module docstring)."""
     version = str(version)
-    known = [v.version for v in registry.versions(model)]
-    if version not in known:
-        raise ReleaseRefused(model, f"has no version {version}; versions: {', '.join(known) or 'none'}")
+    versions = registry.versions(model)
+    info = next((v for v in versions if v.version == version), None)
+    if info is None:
+        raise ReleaseRefused(model, f"has no version {version}; versions: "
+                                    f"{', '.join(v.version for v in versions) or 'none'}")
+    started = info.tags.get(RETIRE_PENDING_TAG) or None
+    resumed = started is not None
+    if not resumed and info.tags.get(STATUS_TAG) == "retired":
+        since = info.tags.get("hybridtrain.retired_at")
+        raise ReleaseRefused(model, f"v{version} is already retired" + (f" (since {since})" if since else "")
+                             + "; nothing was changed")
     champion = registry.by_alias(model, CHAMPION)
     if champion is not None and champion.version == version:
         raise ReleaseRefused(model, f"v{version} is the champion (it is being served); roll back or promote another "
                                     "version before retiring it")
     _check_auditable(audit, model, f"retiring v{version}")
+    subject = f"model {model} v{version}"
+    if started is None:  # the intent, before any target changes
+        started = _started()
+        registry.set_version_tags(model, version, {RETIRE_PENDING_TAG: started})
     try:
         record = _target_io(model, f"retiring v{version}", lambda: releaser.retire(model, version))
     except ReleaseRefused as exc:
-        audit.append(actor=actor, action="retire", subject=f"model {model} v{version}",
-                     inputs={"targets": _holdings(releaser, model)}, outcome=f"refused: {exc}")
+        audit.append(actor=actor, action="retire", subject=subject,
+                     inputs={"targets": _holdings(releaser, model), "started": started}, outcome=f"refused: {exc}")
+        if not resumed:  # nothing is tagged yet: a later retire starts afresh
+            registry.delete_version_tag(model, version, RETIRE_PENDING_TAG)
         raise
-    registry.set_version_tags(model, version, {STATUS_TAG: "retired", "hybridtrain.retired_at": _now(),
-                                               **record.tags()})
+    tags = {STATUS_TAG: "retired", **record.tags()}
+    if info.tags.get(STATUS_TAG) != "retired":
+        tags["hybridtrain.retired_at"] = _now()
+    registry.set_version_tags(model, version, tags)
     previous_info = registry.by_alias(model, PREVIOUS)
     previous = previous_info.version if previous_info else None
     if previous == version:
         previous = _move_previous(registry, model, champion.version if champion else version)
     archived = releaser.archive is not None and releaser.archive.has(model, version)
-    _record_done(audit, model, f"v{version} retired from every target", actor=actor, action="retire",
-                 subject=f"model {model} v{version}",
-                 inputs={"release": record.model_dump(mode="json"), "bundle_archived": archived},
-                 outcome=f"removed from {len(record.targets)} target(s)"
-                         + ("; bundle kept in the archive" if archived else "; no archived bundle"))
-    return RetireOutcome(model, version, previous, record)
+    if not resumed or not _recorded(audit, "retire", subject, started):
+        _record_done(audit, model, f"v{version} retired from every target", actor=actor, action="retire",
+                     subject=subject,
+                     inputs={"release": record.model_dump(mode="json"), "bundle_archived": archived,
+                             "started": started, **({"resumed": True} if resumed else {})},
+                     outcome=f"removed from {len(record.targets)} target(s)"
+                             + ("; bundle kept in the archive" if archived else "; no archived bundle"))
+    registry.delete_version_tag(model, version, RETIRE_PENDING_TAG)
+    return RetireOutcome(model, version, previous, record, resumed=resumed)
