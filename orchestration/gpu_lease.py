@@ -26,8 +26,14 @@ seeing every GPU) take no lease.
 A holder that dies keeps its GPUs until its lease expires (``LEASE_S`` after its last renewal),
 when the served stack's repossessor frees them. A server without that service (the embedded
 default) never would, so each lease's holder is written to the Prefect variable
-``gpu-lease-<lease id>``, and a waiting training frees the GPUs of a holder whose run has ended,
-as for the job's training lease (``orchestration.training_lease``).
+``gpu-lease-<lease id>`` (with the limits and slots it holds), deleted after the lease is given
+back, and a waiting training frees the GPUs of a holder whose run has ended, as for the job's
+training lease (``orchestration.training_lease``): it deletes the record (of several waiting
+trainings only the one whose delete succeeds goes on), then revokes the lease if the server still
+has it. If the server has lost it (the embedded default keeps leases in its process's memory, and
+a ``kill -9`` of ``hybridtrain run`` takes its server along, while the slot counts stay in the
+database), it gives the slots back by name — no more of a limit's slots than the recorded live
+holders leave unaccounted for, so a live holder's GPUs are never given away.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from uuid import UUID
 
 from prefect import get_run_logger, runtime
@@ -53,7 +60,14 @@ from hybridtrain.placement.node_fit import host_key, host_shortfall, pick_gpus
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.specs.sites import Site
 from hybridtrain.training.local_gpus import gpu_wait_s
-from orchestration.training_lease import LEASE_S, holder_ended_long_ago, release_lease
+from orchestration.training_lease import (
+    LEASE_S,
+    give_back,
+    give_back_slots,
+    holder_ended_long_ago,
+    lease_known,
+    release_lease,
+)
 
 #: How long a training waits for enough free GPUs before it gives up.
 #: Seconds between looks at the free GPUs while waiting (and the longest one request for them waits).
@@ -126,31 +140,111 @@ def holding_at(site: str) -> str:
         or "no holder recorded"
 
 
+def held_limits(record: dict) -> tuple[list[str], int] | None:
+    """The limits a holder's lease holds and how many slots of each, from its record; None when the record does
+    not say (one written before records named them, for GPUs on SSH hosts: its take had two leases)."""
+    if isinstance(record.get("limits"), list) and isinstance(record.get("slots"), int):
+        return [str(n) for n in record["limits"]], record["slots"]
+    share = re.fullmatch(r"(\d+) of its \d+ GPUs", str(record.get("gpus", "")))
+    if share and record.get("site"):  # a site without hosts: its one lease is the share of gpu_count
+        return [site_limit_name(str(record["site"]))], int(share.group(1))
+    return None
+
+
+def _claim(name: str) -> bool:
+    """Delete a dead holder's record; False when another waiting training deleted it first (and frees it)."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.delete_variable_by_name(name)
+        except ObjectNotFound:
+            return False
+    return True
+
+
+def _active_slots(names: set[str]) -> dict[str, int]:
+    with get_client(sync_client=True) as client:
+        out = {}
+        for name in names:
+            try:
+                out[name] = client.read_global_concurrency_limit_by_name(name).active_slots
+            except ObjectNotFound:
+                out[name] = 0
+        return out
+
+
 def reap_dead_gpu_holders(tried: set[str]) -> list[str]:
     """Free the GPUs of every recorded holder whose run has ended and whose lease should have expired.
 
-    Revoking a lease that was released already is a no-op, so a live holder's GPUs are never freed.
-    Returns one line per holder freed."""
-    freed = []
-    for name, record in _holders():
+    Each dead holder's record is deleted first (the claim: of several waiting trainings, the one whose
+    delete succeeds frees it). A lease the server still has is revoked by its id, which never frees
+    GPUs somebody else holds. A lease the server no longer has (lost with the server that granted it)
+    is given back by name, but of each limit only the slots the remaining recorded holders do not
+    account for: a slot given back already (the repossessor, or the holder itself just before it
+    died) is not given back twice. Returns one line per holder freed.
+    """
+    freed: list[str] = []
+    lost: list[dict] = []
+    records = _holders()
+    for name, record in records:
         lease = record.get("lease_id")
         if not lease or lease in tried or not holder_ended_long_ago(record):
             continue
         tried.add(lease)
-        with get_client(sync_client=True) as client:
-            client.release_concurrency_slots_with_lease(UUID(lease))
-            client.delete_variable_by_name(name)
-        freed.append(f"freed {record.get('gpus')} at site {record.get('site')}: their holder, flow run "
-                     f"{record.get('flow_run')}, has ended")
+        if not _claim(name):
+            continue
+        what = (f"freed {record.get('gpus')} at site {record.get('site')}: their holder, flow run "
+                f"{record.get('flow_run')}, has ended")
+        if lease_known(UUID(lease)):
+            with get_client(sync_client=True) as client:
+                client.release_concurrency_slots_with_lease(UUID(lease))
+            freed.append(what)
+        else:
+            lost.append(record)
+    if lost:
+        freed += _give_back_lost(lost)
     return freed
 
 
-def _record(lease_id: UUID, site: str, job: str, what: str) -> str:
+def _give_back_lost(lost: list[dict]) -> list[str]:
+    """Give back, by name, the slots of dead holders whose leases the server no longer has (see above)."""
+    remaining = _holders()  # the records left: holders alive, or dead and not yet freed
+    limits = {n for r in lost if held_limits(r) for n in held_limits(r)[0]}
+    unaccounted = _active_slots(limits)
+    unknown_sites = set()
+    for _, record in remaining:
+        held = held_limits(record)
+        if held is None:
+            unknown_sites.add(record.get("site"))
+            continue
+        for n in set(held[0]) & limits:
+            unaccounted[n] -= held[1]
+    freed = []
+    for record in lost:
+        held = held_limits(record)
+        if held is None or record.get("site") in unknown_sites:
+            continue  # which limits it (or a holder beside it) holds is not recorded: nothing is given back
+        names, slots = held
+        given = {}
+        for n in names:
+            take = min(slots, unaccounted[n])
+            if take > 0:
+                give_back_slots([n], take, record["since"])
+                unaccounted[n] -= take
+                given[n] = take
+        if given:
+            freed.append(f"freed {record.get('gpus')} at site {record.get('site')}: their holder, flow run "
+                         f"{record.get('flow_run')}, has ended without giving them back, and the Prefect server "
+                         "that granted them no longer has the lease (its server was stopped with it)")
+    return freed
+
+
+def _record(lease_id: UUID, site: str, job: str, what: str, limits: list[str], slots: int) -> str:
     name = f"{HOLDER_PREFIX}{lease_id}"
     root = runtime.flow_run.root_flow_run_id if hasattr(runtime.flow_run, "root_flow_run_id") else None
     record = {"lease_id": str(lease_id), "site": site, "job": job,
               "gpus": what, "flow_run": str(runtime.flow_run.id or ""),
-              "root_flow_run": str(root or ""), "since": datetime.now(UTC).isoformat()}
+              "root_flow_run": str(root or ""), "since": datetime.now(UTC).isoformat(),
+              "limits": limits, "slots": slots}
     with get_client(sync_client=True) as client:
         client.create_variable(VariableCreate(name=name, value=record))
     return name
@@ -159,6 +253,20 @@ def _record(lease_id: UUID, site: str, job: str, what: str) -> str:
 def _forget(name: str) -> None:
     with get_client(sync_client=True) as client:
         client.delete_variable_by_name(name)
+
+
+class _Held:
+    """One lease a training holds and its holder record: given back in that order (the record is deleted
+    only once the lease is released, so a record is left behind only when its lease may still hold slots)."""
+
+    def __init__(self, lease_id: UUID) -> None:
+        self.lease_id = lease_id
+        self.record: str | None = None
+
+    def give_back(self) -> None:
+        release_lease(self.lease_id)
+        if self.record is not None:
+            _forget(self.record)
 
 
 def site_limit_name(site: str) -> str:
@@ -261,17 +369,19 @@ def acquire_gpus(held: ExitStack, site: Site, spec: JobSpec, *, wait_s: float | 
                 granted.append(acquire_concurrency_slots_with_lease(names, slots, lease_duration=LEASE_S, strict=True,
                                                                     timeout_seconds=GPU_POLL_S).lease_id)
         except BaseException as exc:  # all or none: give back what was taken
-            for lease_id in granted:
-                release_lease(lease_id)
+            for lease_id in granted:  # one failing to be given back is logged: exc goes on
+                give_back(f"release GPUs at site {site.name}", partial(release_lease, lease_id))(
+                    type(exc), exc, exc.__traceback__)
             if not isinstance(exc, TimeoutError):
                 raise
             if time.monotonic() >= deadline:  # another training took some first: look again, within the wait
                 raise give_up(f"{take.what} looked free but could not be taken") from exc
             continue
-        for lease_id in granted:
-            held.callback(release_lease, lease_id)
+        for lease_id, (names, slots) in zip(granted, take.requests, strict=True):
+            lease = _Held(lease_id)
+            held.push(give_back(f"give back {take.what} at site {site.name}", lease.give_back))
             held.enter_context(maintain_concurrency_lease(lease_id, LEASE_S, raise_on_lease_renewal_failure=True))
-            held.callback(_forget, _record(lease_id, site.name, spec.name, take.what))
+            lease.record = _record(lease_id, site.name, spec.name, take.what, names, slots)
         log.info("holding %s at site %s", take.what, site.name)
         return take.gpus
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
+from uuid import uuid4
 
 import pytest
 
@@ -253,3 +254,61 @@ def test_a_site_never_lends_more_gpus_than_its_gpu_count_even_where_its_hosts_de
     assert out["after"] == ((8, 8), {A: [0, 1], B: [0, 1]})
     with pytest.raises(NoFeasiblePlacement, match="has 2 GPUs \\(gpu_count\\); the job needs 4"):
         flow(lambda: lease.acquire_gpus(ExitStack(), capped, job(2, nodes=2)))()  # at once: the hosts could
+
+
+def record(lease_id, flow_run: str, since: datetime, **fields) -> str:
+    """A GPU holder record, as ``orchestration.gpu_lease`` writes it (``fields``: its site, gpus, limits, slots)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import VariableCreate
+
+    from orchestration.gpu_lease import HOLDER_PREFIX
+
+    name = f"{HOLDER_PREFIX}{lease_id}"
+    with get_client(sync_client=True) as client:
+        client.create_variable(VariableCreate(name=name, value={
+            "lease_id": str(lease_id), "job": "churn", "flow_run": flow_run, "root_flow_run": "",
+            "since": since.isoformat(), **fields}))
+    return name
+
+
+def test_gpus_whose_lease_went_with_a_killed_server_are_given_back_once_and_a_live_holders_never(prefect_server,
+                                                                                                  lease, caplog):
+    """A ``kill -9``'d run's embedded server takes its leases along, the slot counts stay: a waiting job gives the
+    slots back by name — no more than the live holders leave unaccounted for."""
+    from prefect import flow, runtime
+    from prefect.client.orchestration import get_client
+
+    pool = site("lease-pool-lost", kind="onprem", gpus=2)  # no SSH hosts: the whole lease is the share of gpu_count
+    limit = lease.site_limit_name(pool.name)
+    assert lease.site_gpus_free(pool) == (2, 2)  # the limit exists
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    gone = ended_flow_run_id()
+    with get_client(sync_client=True) as client:  # the killed run's GPU: a slot held by no lease
+        client.increment_concurrency_slots(names=[limit], slots=1, mode="concurrency")
+    # its record, as runs before records named their limits wrote it; and one left behind by a holder whose slot
+    # was given back already (it died between giving it back and deleting its record)
+    lost = record(uuid4(), gone, hour_ago, site=pool.name, gpus="1 of its 2 GPUs")
+    stale = record(uuid4(), gone, hour_ago, site=pool.name, gpus="1 of its 2 GPUs", limits=[limit], slots=1)
+
+    def active() -> int:
+        with get_client(sync_client=True) as client:
+            return client.read_global_concurrency_limit_by_name(limit).active_slots
+
+    @flow
+    def beside_a_live_holder() -> int:
+        live = hold_without_a_run([limit])  # held for this very run, which is still running
+        record(live.lease_id, str(runtime.flow_run.id), hour_ago, site=pool.name, gpus="1 of its 2 GPUs",
+               limits=[limit], slots=1)
+        try:
+            with ExitStack() as held:
+                lease.acquire_gpus(held, pool, job(1), wait_s=60)
+                return active()
+        finally:
+            with get_client(sync_client=True) as client:
+                client.release_concurrency_slots_with_lease(live.lease_id)
+
+    assert beside_a_live_holder() == 2  # the live holder's GPU and this job's: the lost one came back, once
+    assert active() == 0
+    assert "has ended without giving them back" in caplog.text and gone in caplog.text
+    with get_client(sync_client=True) as client:
+        assert client.read_variable_by_name(lost) is None and client.read_variable_by_name(stale) is None
