@@ -54,6 +54,12 @@ class Problem:
         return f"{where}: {self.message}"
 
 
+def given_as(name: str, value: str) -> str:
+    """How a user gives ``value`` to the input ``name`` in a fix: ``--poll 2`` on the command line (a name starting
+    with ``-``), ``poll_s=2`` in a Prefect form."""
+    return f"{name} {value}" if name.startswith("-") else f"{name}={value}"
+
+
 class SpecError(HybridtrainError):
     """The job spec (or another config file) is invalid. Fix the file; never retried."""
 

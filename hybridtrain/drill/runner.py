@@ -73,7 +73,7 @@ from hybridtrain.drill.environment import DrillEnv, plan_steps
 from hybridtrain.drill.report import DEFAULT_STEPS, EXPERIMENT, DrillReport, ScenarioResult
 from hybridtrain.drill.scenarios import SCENARIOS, check_scenarios
 from hybridtrain.drill.timeline import DrillFailed, Skipped, Timeline
-from hybridtrain.errors import HybridtrainError, Problem, SpecError
+from hybridtrain.errors import HybridtrainError, Problem, SpecError, given_as
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.workspace import Workspace
 
@@ -98,7 +98,7 @@ class DrillOptionNames:
 
     def example(self, name: str, value: str) -> str:
         """How the user gives ``value`` to ``name``: ``--interval 25`` on the command line, ``interval=25`` in a form."""
-        return f"{name} {value}" if name.startswith("-") else f"{name}={value}"
+        return given_as(name, value)
 
 
 CLI_NAMES = DrillOptionNames(source="hybridtrain drill", scenarios="--scenario", steps="--steps",

@@ -17,7 +17,7 @@ import math
 import socket
 from dataclasses import dataclass
 
-from hybridtrain.errors import Problem, SpecError
+from hybridtrain.errors import Problem, SpecError, given_as
 from hybridtrain.serving.service import MIN_POLL_S
 
 
@@ -34,7 +34,7 @@ class OptionNames:
 
     def example(self, name: str, value: str) -> str:
         """How the user would give ``value`` to option ``name``: ``--poll 2`` on the command line, ``poll_s=2`` in a form."""
-        return f"{name} {value}" if name.startswith("-") else f"{name}={value}"
+        return given_as(name, value)
 
 
 CLI_NAMES = OptionNames(source="serve", host="--host", port="--port", poll="--poll", threads="--threads",
