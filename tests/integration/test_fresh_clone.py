@@ -10,62 +10,22 @@ from __future__ import annotations
 import os
 import re
 import resource
-import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
+from tests.fixtures.fresh_clone import cli, fresh_clone, newcomer_env, prefect_runs, with_small_data
 from tests.fixtures.processes import wait_until
-from tests.fixtures.workspaces import ROOT, spec_writer
+from tests.fixtures.workspaces import ROOT
 
 #: How long a quick failure may take (the issue's bound), on an idle machine.
 FAIL_FAST_S = 2.0
 # Far above any load this suite puts on the machine, far below the ~200 s of a wait on a server start.
 HANG_S = 60.0
-
-
-def fresh_clone(dest: Path) -> Path:
-    """The working tree's tracked and unignored files copied to ``dest``, a new git repo, as a clone has them."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            check=True, capture_output=True).stdout.decode().split("\0")
-    for rel in filter(None, listed):
-        src = ROOT / rel
-        if src.is_file() and not src.is_symlink():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    subprocess.run(["git", "init", "-q", str(dest)], check=True)
-    return dest
-
-
-def newcomer_env() -> dict[str, str]:
-    drop = ("PREFECT_", "HYBRIDTRAIN_", "MLFLOW_TRACKING", "PYTEST_")
-    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-
-
-def cli(root: Path, *args: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestration.cli", *args], cwd=root, env=newcomer_env(),
-                          capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def with_small_data(root: Path) -> Path:
-    """A 3,000-row churn sample (generated and pinned the documented way) and a one-epoch job on it."""
-    spec_writer(root)("small", model__epochs=1)
-    out = cli(root, "data", "generate", "--rows", "3000", "--pin", "jobs/small.yaml")
-    assert out.returncode == 0, out.stderr
-    return root
-
-
-def prefect_runs(root: Path) -> list[tuple[str, str, str]]:
-    """(flow name, state type, tags) of every flow run in the clone's embedded Prefect database."""
-    with sqlite3.connect(root / ".hybridtrain" / "prefect" / "prefect.db") as db:
-        return db.execute("SELECT flow.name, flow_run.state_type, flow_run.tags FROM flow_run "
-                          "JOIN flow ON flow.id = flow_run.flow_id").fetchall()
 
 
 def test_run_without_data_fails_fast_with_one_line(tmp_path):

@@ -25,9 +25,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.fixtures.fresh_clone import cli, fresh_clone, newcomer_env, prefect_runs
 from tests.fixtures.processes import wait_until
 from tests.fixtures.workspaces import checkpoint_steps, spec_writer
-from tests.integration.test_fresh_clone import cli, fresh_clone, newcomer_env, prefect_runs
 
 #: How long an interrupted run may take to exit: it did in about 4 s (Ctrl-C with the server alive) on an idle
 #: machine; before the fix it never did (the server died with the CLI's group and the CLI retried forever).

@@ -125,8 +125,9 @@ def test_a_job_whose_data_may_not_leave_waits_for_its_site_instead_of_failing_ov
         stop_sshd(proc)  # the gateway goes away, and with it the job running on it
         kill_job(server.host.workdir, "churn-rk-wait")
 
-        def waiting() -> str:
-            runs = Registry(ws.tracking_uri).job_runs(ws.experiment, "churn", limit=1)
+        def waiting() -> str:  # the lifecycle's MLflow run, still RUNNING (logging to it never ends it)
+            runs = [r for r in Registry(ws.tracking_uri).recent_runs(ws.experiment, limit=5)
+                    if r.data.tags.get("hybridtrain.job") == "churn" and r.info.status == "RUNNING"]
             return runs[0].data.tags.get("hybridtrain.waiting", "") if runs else ""
 
         reason = wait_until(lambda: waiting() or "error" in result, "the run to say it is waiting")

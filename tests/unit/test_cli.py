@@ -84,7 +84,9 @@ def test_status_refuses_a_bad_limit_a_missing_home_and_an_unreadable_store(works
     store.write_text("not a database")
     result = runner.invoke(app, ["status", "--home", str(workspace)])
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert "cannot read the tracking store sqlite:///" in " ".join(result.output.split())
+    said = " ".join(result.output.split())  # the store's own one line: the file, what is wrong, what to do
+    assert f"MLflow tracking store {store}" in said and "cannot be read as an SQLite database" in said
+    assert "move it aside and run again" in said
 
 
 def test_worker_refuses_a_pool_the_sites_catalog_lacks(workspace, monkeypatch):

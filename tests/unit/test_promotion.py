@@ -4,77 +4,21 @@ previous version on every target, retire removes a version everywhere, and the a
 from __future__ import annotations
 
 import dataclasses
-import itertools
-from pathlib import Path
 
 import pytest
 
 from hybridtrain.errors import BundleRejected, GateFailed, ReleaseRefused
-from hybridtrain.governance.audit_log import AuditLog
-from hybridtrain.governance.gates import CHECKPOINT_TAG, GateInputs, dataset_tag, evaluate_gates
+from hybridtrain.governance.gates import evaluate_gates
 from hybridtrain.governance.promotion import promote, retire, rollback
-from hybridtrain.governance.release import BundleArchive, DirectoryTarget, ObjectStoreTarget, Releaser
-from hybridtrain.governance.signing_key import SigningKey
-from hybridtrain.specs.job import EvaluationSpec, PromotionSpec
-from hybridtrain.storage.local import LocalObjectStore
 from hybridtrain.tracking.model_registry import CHAMPION, PREVIOUS, Registry
-from tests.fixtures.bundles import CHECKPOINT_SHA, DATASETS, make_bundle
 from tests.fixtures.gate_cases import CASES
-
-KEY = SigningKey.generate()
-_names = itertools.count()
+from tests.fixtures.promotion_world import KEY, World
 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory) -> Registry:
     root = tmp_path_factory.mktemp("mlflow")
     return Registry(f"sqlite:///{root}/mlflow.db", root / "artifacts")
-
-
-class World:
-    """One model with its registry, two release targets, a bundle archive and an audit log."""
-
-    def __init__(self, registry: Registry, tmp: Path):
-        self.registry, self.tmp = registry, tmp
-        self.model = f"churn-{next(_names)}"
-        self.run_id = registry.start_run("promotion-tests", self.model, {"hybridtrain.job": "churn"})
-        self.targets = [DirectoryTarget("onprem-serving", tmp / "serving", KEY.public),
-                        ObjectStoreTarget("cloud", LocalObjectStore(tmp / "s3"), KEY.public)]
-        self.releaser = Releaser(self.targets, BundleArchive(LocalObjectStore(tmp / "archive")))
-        self.audit = AuditLog(tmp / "audit" / "audit.jsonl")
-
-    def register(self, auc: float) -> GateInputs:
-        model = self.tmp / f"model-{next(_names)}"  # each version its own model (one run, one source, one version)
-        model.mkdir()
-        tags = {**{dataset_tag(t): m for t, m in DATASETS.items()}, CHECKPOINT_TAG: CHECKPOINT_SHA}
-        info = self.registry.register(model.as_uri(), self.model, self.run_id, tags)
-        champion = self.registry.by_alias(self.model, CHAMPION)
-        bundle = make_bundle(self.tmp / "bundles" / info.version, KEY, model=self.model, version=info.version)
-        return GateInputs(
-            model=self.model, version=info.version,
-            evaluation=EvaluationSpec(thresholds={"auc": 0.75, "log_loss": 0.6}, min_improvement=0.01),
-            promotion=PromotionSpec(max_cost_usd=25.0), version_tags=info.tags, datasets=dict(DATASETS),
-            checkpoint_sha256=CHECKPOINT_SHA, bundle=bundle, trusted_key=KEY.public,
-            metrics={"auc": auc, "log_loss": 0.45},
-            champion_version=champion.version if champion else None,
-            champion_metrics={"auc": float(champion.tags["auc"])} if champion else None,
-            cost_usd=10.0, rollback_versions=self.releaser.available_versions(self.model))
-
-    def promote(self, inputs: GateInputs):
-        out = promote(self.registry, self.releaser, self.audit, bundle=inputs.bundle, report=evaluate_gates(inputs),
-                      trusted_key=KEY.public, actor="flow-run/test")
-        self.registry.set_version_tags(self.model, inputs.version, {"auc": inputs.metrics["auc"]})
-        return out
-
-    def alias(self, name: str) -> str | None:
-        info = self.registry.by_alias(self.model, name)
-        return info.version if info else None
-
-    def served(self) -> list[str | None]:
-        return [t.current(self.model) for t in self.targets]
-
-    def actions(self) -> list[tuple[str, str]]:
-        return [(r.action, r.outcome.split(":")[0].split(" ")[0]) for r in self.audit.records()]
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from hybridtrain.governance.promotion import (
     rollback,
 )
 from hybridtrain.tracking.model_registry import CHAMPION, PREVIOUS, Registry
-from tests.unit.test_promotion import World
+from tests.fixtures.promotion_world import World
 
 #: What rollback and retire change, in the order they change it: each call is a point an interruption can follow.
 REGISTRY_STEPS = ("set_version_tags", "set_alias", "delete_alias", "delete_version_tag", "move_champion")
