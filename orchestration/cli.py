@@ -160,9 +160,10 @@ def run(
     try:
         sites = ws.load_sites()
         job = load_job(spec if spec.is_absolute() else ws.root / spec, sites, _policy(ws, sites))
-        from hybridtrain.stages.training import check_run_key
+        if run_key is not None:  # a ../ key would fail only at the first checkpoint (the import is heavy: only then)
+            from hybridtrain.stages.training import check_run_key
 
-        check_run_key(run_key, "--run-key")  # a ../ key would fail only at the first checkpoint
+            check_run_key(run_key, "--run-key")
         check_dataset(ws, job, sites, str(spec))
         ws = _open_session(home).ws
         summary = _run_lifecycle(ws, spec, run_key, dispatch)
