@@ -112,9 +112,11 @@ def sweep_trial(spec: JobSpec, approved: DatasetVersion, site: str, parent_run_i
             get_run_logger().info("trial %d: ready %.1f s before a slot was free", ticket.number, slot.waited_s)
     # One trap for the whole attempt: a notice after training ended (while the result is saved) is
     # recorded and the attempt still ends completed, instead of the signal crashing a finished trial.
+    flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None  # tagged on the trial run, for the reaper
     with preemption_trap(spec.checkpoint.preemption_grace_s):
         try:
-            out = train_trial(ws, spec, approved, site, parent_run_id, storage, study, ticket, capacity_class)
+            out = train_trial(ws, spec, approved, site, parent_run_id, storage, study, ticket, capacity_class,
+                              flow_run_id)
         except Exception as exc:
             save_attempt_end(ws, parent_run_id, f"{_trial_result_name(ticket.number, attempt)}-end",
                              AttemptEnd.of(exc, site))
@@ -334,6 +336,7 @@ def sweep(
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
     registry.set_tags(run_id, {"hybridtrain.sweep": study_name, "mlflow.runName": f"{job.name}-sweep"})
     limit_s = job.resources.max_hours * 3600 + QUEUE_ALLOWANCE_S
+    study = None
     try:
         prepared = run_stage(prepare_data, Prepared, site=job.dataset.site, params={"spec": job, "run_id": run_id},
                              ws=ws, run_id=run_id, mode=dispatch, timeout_s=limit_s)
@@ -343,10 +346,12 @@ def sweep(
         study = open_study(url, study_name, sw)
         results = SweepResults(study=study_name, metric=sw.objective.metric, direction=sw.objective.resolved_direction)
         runner = TrialRunner(ws, job, anon.approved, datasets, run_id, url, study_name, dispatch, limit_s)
-        done_before = sum(n for s, n in study.counts().items() if s in ("complete", "pruned", "fail"))
+        done_before = study.ended()  # an interrupted trial (its sweep process died) is not done: its retry runs
         remaining = max(0, sw.n_trials - done_before)
-        log.info("sweep %s: %d trials to run (%d ended before), %d at a time, storage %s", study_name, remaining,
-                 done_before, sw.parallelism, url.split("@")[-1])
+        interrupted = study.counts().get("interrupted", 0)
+        log.info("sweep %s: %d trials to run (%d ended before%s), %d at a time, storage %s", study_name, remaining,
+                 done_before, f"; {interrupted} interrupted, run again with their values" if interrupted else "",
+                 sw.parallelism, url.split("@")[-1])
         failed = 0
         slots = SweepSlots(sw.parallelism)
         ahead = sw.parallelism  # trials kept ready (asked, placed, subflow run started) beside the training ones
@@ -366,6 +371,9 @@ def sweep(
                 nonlocal asked
                 ticket = study.ask()
                 asked += 1
+                if ticket.retry_of is not None:
+                    log.info("trial %d runs trial %d again with its values: its sweep process died", ticket.number,
+                             ticket.retry_of)
                 slot = slots.slot(ticket.number)  # in line for a slot: the earliest asked of the ready trials goes first
                 ctx = contextvars.copy_context()  # the trial's subflow runs under this flow run
                 running[pool.submit(ctx.run, one, ticket, slot)] = ticket
@@ -440,6 +448,9 @@ def sweep(
             else:
                 registry.end_run(run_id, "FINISHED")
     except BaseException:
+        if study is not None:
+            for number in study.release():  # asked, never told: failed and queued again for the next sweep
+                log.warning("trial %d interrupted: it runs again with its values when the sweep is run again", number)
         registry.end_run(run_id, "FAILED")
         raise
     links = {f"MLflow run {run_id} (plots under sweep/)": registry.client.get_run(run_id).info.artifact_uri}

@@ -13,7 +13,8 @@ heartbeat every ``HEARTBEAT_S`` seconds. A RUNNING run outside a work pool is st
   host, or a host that went away. Runs with neither an owner tag nor any heartbeat are not judged.
 
 A stale run is set CRASHED with its reason, and its MLflow runs (tag
-``hybridtrain.prefect_flow_run_id``, still RUNNING) are ended KILLED with the same reason in
+``hybridtrain.prefect_flow_run_id``, still RUNNING: a lifecycle's run, a sweep's, a sweep trial's
+attempt's) are ended KILLED with the same reason in
 ``hybridtrain.crashed``. Runs in a work pool belong to their worker (``recover-runs`` checks the
 pool's worker heartbeats). Resume a crashed run's training with ``hybridtrain run SPEC --run-key KEY``.
 """
@@ -33,7 +34,7 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.events.filters import EventAnyResourceFilter, EventFilter, EventNameFilter, EventOccurredFilter
 from prefect.states import Crashed
 
-from hybridtrain.tracking.model_registry import Registry
+from hybridtrain.tracking.model_registry import FLOW_RUN_TAG, Registry
 from hybridtrain.workspace import Workspace
 
 OWNER = "hybridtrain:owner:"
@@ -134,7 +135,7 @@ def _end_mlflow_runs(ws: Workspace, flow_run_id: str, reason: str) -> list[str]:
         return []
     found = registry.client.search_runs(
         [experiment.experiment_id],
-        filter_string=f"tags.`hybridtrain.prefect_flow_run_id` = '{flow_run_id}' and attributes.status = 'RUNNING'")
+        filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}' and attributes.status = 'RUNNING'")
     for r in found:
         registry.set_tags(r.info.run_id, {"hybridtrain.crashed": reason})
         registry.end_run(r.info.run_id, status="KILLED")

@@ -29,7 +29,8 @@ def open_study(url: str, name: str, sweep: SweepSpec) -> SweepStudy:
 
 @task(name="train-trial")
 def train_trial(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, parent_run_id: str, storage: str,
-                study: str, ticket: TrialTicket, capacity_class: str | None = None) -> TrialOutcome:
+                study: str, ticket: TrialTicket, capacity_class: str | None = None,
+                flow_run_id: str | None = None) -> TrialOutcome:
     """Train one trial (resuming its checkpoints). No task retries: the sweep's recovery decides.
 
     In a worker's process SIGTERM/SIGUSR1 (a spot notice, the pool shutting down) is a preemption
@@ -40,7 +41,8 @@ def train_trial(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: st
     with preemption_trap(spec.checkpoint.preemption_grace_s) as notice, \
             hold_gpus(ws.load_sites().get(site), spec) as gpus:
         return sweep_trial.train_trial(ws, spec, approved, site, parent_run_id, storage, study, ticket,
-                                       should_stop=notice, capacity_class=capacity_class, gpus=gpus)
+                                       should_stop=notice, capacity_class=capacity_class, gpus=gpus,
+                                       flow_run_id=flow_run_id)
 
 
 @task(name="evaluate-best", retries=2, retry_delay_seconds=BACKOFF_S, retry_condition_fn=only_transient)

@@ -11,7 +11,7 @@ from hybridtrain.datasets.transfer import TransferRecord
 from hybridtrain.errors import Problem, SpecError
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.tracking.lineage import Lineage, code_version
-from hybridtrain.tracking.model_registry import Registry
+from hybridtrain.tracking.model_registry import FLOW_RUN_TAG, Registry
 from hybridtrain.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def open_run(ws: Workspace, spec: JobSpec, flow_run_id: str | None = None) -> st
     tags = {"hybridtrain.job": spec.name, "hybridtrain.team": spec.metadata.team,
             "hybridtrain.spec_hash": spec.spec_hash()}
     if flow_run_id:
-        tags["hybridtrain.prefect_flow_run_id"] = flow_run_id
+        tags[FLOW_RUN_TAG] = flow_run_id
     run_id = registry.start_run(ws.experiment, run_name=f"{spec.name}-lifecycle", tags=tags)
     m = spec.model
     registry.log_params(run_id, {

@@ -12,14 +12,24 @@ the trial's process opens an ``EpochReporter`` on trial 5 and trains; after epoc
 stores ``val_auc`` at step 1 and asks the pruner, which compares it with the median of the
 finished trials at step 1: below it, so ``TrialPruned`` ends training at once and the trial's
 capacity is free; the parent ``tell``s the study trial 5 was pruned and asks for the next.
+
+A trial is the parent's until it ``tell``s how it ended: the parent records an Optuna heartbeat for
+each trial it asked and has not told (``HEARTBEAT_S``). A parent killed (``kill -9``, a lost host)
+leaves its trials RUNNING with a heartbeat that stops; once it is ``STALE_AFTER_S`` old, the next sweep
+of the study (when it opens it, and at each ``ask``: a live sweep on the same study too) fails the trial
+and queues it again with the same values (Optuna's ``fail_stale_trials`` and its retry callback), and
+the retry takes the stale trial's place in ``n_trials``. A parent that stops on an error or Ctrl-C
+does the same for its trials at once (``release``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +48,13 @@ if TYPE_CHECKING:
 
 #: Seconds a SQLite writer waits for another process's lock (parallel trials write at epoch ends).
 SQLITE_BUSY_TIMEOUT_S = 60
+#: Seconds between the heartbeats a sweep's parent records for each trial it asked and has not told yet.
+HEARTBEAT_S = 30
+#: Seconds without a heartbeat after which a RUNNING trial is stale (its parent is gone) and is failed. Ten beats:
+#: a beat can wait out the SQLite busy timeout, and a live sweep must never fail a sibling's healthy trial.
+STALE_AFTER_S = 300
+#: Times a stale trial is queued again with its values (a retry that goes stale too counts); then it counts as failed.
+STALE_RETRIES = 2
 
 
 class SweepSettings(BaseSettings):
@@ -117,13 +134,32 @@ def _new_storage(url: str, field: str) -> Any:
             path.parent.mkdir(parents=True, exist_ok=True)
             _write_ahead_log(path)
             kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=None)
+        _quiet_heartbeat_warnings()
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
+                                          grace_period=STALE_AFTER_S, **_retry_stale())
     except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, ImportError, ValueError, OSError) as exc:
         how = ("--storage or HYBRIDTRAIN_SWEEP_STORAGE" if field == STORAGE_SETTING
                else f"as {field}, or leave {field} empty for HYBRIDTRAIN_SWEEP_STORAGE, else SQLite in the workspace")
         raise SpecError("sweep storage", [Problem(
             field, f"cannot open the study database {_redact(url)}: {_reason(exc)}. Give a reachable "
             f"sqlite:///PATH or postgresql://USER:PASSWORD@HOST/DB ({how})")]) from exc
+
+
+def _retry_stale() -> dict[str, Any]:
+    """The storage argument that queues a stale trial again with its values (Optuna renamed both in 4.9)."""
+    from optuna import storages
+
+    if hasattr(storages, "RetryHeartbeatStaleTrialCallback"):
+        return {"heartbeat_stale_trial_callback": storages.RetryHeartbeatStaleTrialCallback(max_retry=STALE_RETRIES)}
+    return {"failed_trial_callback": storages.RetryFailedTrialCallback(max_retry=STALE_RETRIES)}
+
+
+def _quiet_heartbeat_warnings() -> None:
+    """Hide Optuna's warnings about its heartbeat: experimental, and meant for ``optimize`` (the sweep asks and
+    tells, and records the heartbeats itself). Only these messages: the filter is process-wide (adding it again
+    replaces it, so it is added where it is needed)."""
+    warnings.filterwarnings("ignore", message=r"(Argument ``heartbeat_interval``|Heartbeat of storage is supposed"
+                                              r"|optuna\.storages\._heartbeat\.fail_stale_trials|Retry\w*TrialCallback) ")
 
 
 def _reason(exc: BaseException) -> str:
@@ -159,6 +195,7 @@ class TrialTicket(BaseModel):
     number: int
     trial_id: int
     params: dict[str, Any]
+    retry_of: int | None = None  # the stale trial (its sweep process died) this one runs again, with its values
 
 
 class TrialPruned(HybridtrainError):
@@ -182,16 +219,19 @@ class TrialDiverged(HybridtrainError):
 
 
 class SweepStudy:
-    """The Optuna study of one sweep (create or continue by name)."""
+    """The Optuna study of one sweep (create or continue by name), and the heartbeats of the trials it asked."""
 
     def __init__(self, study: optuna.Study, sweep: SweepSpec):
         self.study = study
         self.sweep = sweep
         self.space = SearchSpace(sweep.parameters)
+        self._held: dict[int, int] = {}  # number -> trial id: asked here, not told yet
+        self._lock = threading.Lock()
+        self._beating: threading.Thread | None = None
 
     @classmethod
     def open(cls, url: str, name: str, sweep: SweepSpec) -> SweepStudy:
-        """Create the study, or continue the one of that name (same direction required)."""
+        """Create the study, or continue the one of that name (same direction required); its stale trials fail."""
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -208,11 +248,18 @@ class SweepStudy:
             raise SpecError("sweep", [Problem("sweep.objective.direction", (
                 f"study {name!r} already exists and {study.direction.name.lower()}s; this spec {direction}s. Choose a "
                 "new sweep.study_name"))])
-        return cls(study, sweep)
+        opened = cls(study, sweep)
+        opened.fail_stale()  # before the resumed sweep counts what it has left
+        return opened
 
     def ask(self) -> TrialTicket:
+        """The next trial (a stale trial's retry first), held by this process: its heartbeat goes on until ``tell``."""
+        self.fail_stale()  # a sibling sweep's dead trials too, while this one runs
         trial = self.study.ask(fixed_distributions=self.space.distributions())
-        return TrialTicket(number=trial.number, trial_id=trial._trial_id, params=dict(trial.params))
+        self._hold(trial.number, trial._trial_id)
+        # Optuna's retry callback names the trial a retry runs again in its system attributes.
+        retry_of = trial.storage.get_trial(trial._trial_id).system_attrs.get("failed_trial")
+        return TrialTicket(number=trial.number, trial_id=trial._trial_id, params=dict(trial.params), retry_of=retry_of)
 
     def tell(self, ticket: TrialTicket, state: str, value: float | None = None) -> None:
         """Record how the trial ended: ``complete`` (with its objective), ``pruned`` or ``failed``."""
@@ -222,14 +269,93 @@ class SweepStudy:
                   "failed": optuna.trial.TrialState.FAIL}
         if state == "complete" and (value is None or not math.isfinite(value)):
             state = "failed"  # Optuna refuses a complete trial without a finite value
-        self.study.tell(ticket.number, value if state == "complete" else None, state=states[state],
-                        skip_if_finished=True)
+        try:
+            self.study.tell(ticket.number, value if state == "complete" else None, state=states[state],
+                            skip_if_finished=True)
+        finally:
+            with self._lock:
+                self._held.pop(ticket.number, None)
+
+    def fail_stale(self) -> None:
+        """Fail the study's RUNNING trials whose heartbeat is older than ``STALE_AFTER_S`` (their sweep process
+        died), each queued again with its values up to ``STALE_RETRIES`` times (Optuna's own mechanism)."""
+        import optuna
+
+        _quiet_heartbeat_warnings()  # again: a caller's catch_warnings (pytest's, per test) drops it on its way out
+        optuna.storages.fail_stale_trials(self.study)
+
+    def release(self) -> list[int]:
+        """Fail the trials this process asked and never told, queued again as stale ones are; their numbers.
+
+        For a sweep that stops on an error or Ctrl-C: no one will tell them, and a sweep run again at once
+        would otherwise wait ``STALE_AFTER_S`` before their heartbeats are old enough to fail them. Never
+        raises (it runs while the sweep's own error unwinds): a trial it cannot fail stops beating and goes stale.
+        """
+        import optuna
+
+        with self._lock:
+            held, self._held = self._held, {}
+        storage = self.study._storage
+        get = getattr(storage, "get_heartbeat_stale_trial_callback", None) or storage.get_failed_trial_callback
+        retry = get()
+        for number, trial_id in held.items():
+            try:
+                if storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL) and retry:
+                    retry(self.study, storage.get_trial(trial_id))
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass  # told meanwhile, or failed as stale by another process
+            except Exception as exc:  # noqa: BLE001 - see above
+                logging.getLogger(__name__).warning("sweep: trial %d not failed (%s); the next sweep fails it once its "
+                                                    "heartbeat is %d s old", number, _reason(exc), STALE_AFTER_S)
+        return sorted(held)
+
+    def _hold(self, number: int, trial_id: int) -> None:
+        with self._lock:
+            self._held[number] = trial_id
+            if self._beating is None:
+                self._beating = threading.Thread(target=self._beat, name="sweep-heartbeat", daemon=True)
+                self._beating.start()
+        # The first beat at once: a trial without any heartbeat is never judged stale (Optuna skips it).
+        self._record(trial_id)
+
+    def _beat(self) -> None:
+        """Every heartbeat interval, a heartbeat for each held trial; ends when none is held (the next ``ask`` starts
+        another). A daemon: it dies with the process, which is what makes a killed sweep's trials stale."""
+        import time
+
+        interval = self.study._storage.get_heartbeat_interval() or HEARTBEAT_S
+        while True:
+            time.sleep(interval)
+            with self._lock:
+                ids = list(self._held.values())
+                if not ids:
+                    self._beating = None
+                    return
+            for trial_id in ids:
+                self._record(trial_id)
+
+    def _record(self, trial_id: int) -> None:
+        try:
+            self.study._storage.record_heartbeat(trial_id)
+        except Exception as exc:  # noqa: BLE001 - a missed beat is made up by the next: STALE_AFTER_S is ten beats
+            logging.getLogger(__name__).warning("sweep: heartbeat of trial id %d not recorded (%s); trying again in "
+                                                "%d s", trial_id, _reason(exc), HEARTBEAT_S)
 
     def counts(self) -> dict[str, int]:
+        """Trials by Optuna state; a stale trial that was queued again is ``interrupted``, not ``fail``: its retry
+        (``waiting`` until asked) takes its place."""
+        trials = self.study.get_trials(deepcopy=False)
+        retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
         out: dict[str, int] = {}
-        for t in self.study.get_trials(deepcopy=False):
-            out[t.state.name.lower()] = out.get(t.state.name.lower(), 0) + 1
+        for t in trials:
+            state = "interrupted" if t.state.name == "FAIL" and t.number in retried else t.state.name.lower()
+            out[state] = out.get(state, 0) + 1
         return out
+
+    def ended(self) -> int:
+        """Trials that count towards ``n_trials``: complete, pruned or failed (not interrupted, running or waiting)."""
+        counts = self.counts()
+        return sum(counts.get(s, 0) for s in ("complete", "pruned", "fail"))
 
     def best(self) -> tuple[int, float, dict[str, Any]] | None:
         """(number, objective, decoded values) of the best complete trial; None before one completes."""

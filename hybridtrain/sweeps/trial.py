@@ -20,7 +20,7 @@ from hybridtrain.specs.job import JobSpec
 from hybridtrain.sweeps.plan import trial_job
 from hybridtrain.sweeps.space import trial_spec
 from hybridtrain.sweeps.study import TrialPruned, TrialTicket, open_for_trial
-from hybridtrain.tracking.model_registry import Registry
+from hybridtrain.tracking.model_registry import FLOW_RUN_TAG, Registry
 from hybridtrain.workspace import Workspace
 
 TrialState = Literal["complete", "pruned", "failed"]
@@ -47,16 +47,23 @@ def run_key(study_name: str, number: int) -> str:
 
 
 def trial_run(ws: Workspace, spec: JobSpec, parent_run_id: str, study_name: str, ticket: TrialTicket,
-              params: dict[str, Any]) -> str:
-    """The trial's MLflow run: created on its first attempt (a child of the sweep's run), found again after."""
+              params: dict[str, Any], flow_run_id: str | None = None) -> str:
+    """The trial's MLflow run: created on its first attempt (a child of the sweep's run), found again after.
+
+    Tagged with the flow run of the attempt that trains in it now (``FLOW_RUN_TAG``, as a lifecycle's run is):
+    when that flow run's process dies, the stale-run reaper finds the run by it and ends it KILLED.
+    """
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
     key = run_key(study_name, ticket.number)
+    attempt = {FLOW_RUN_TAG: flow_run_id} if flow_run_id else {}
     found = registry.tagged_run_ids(ws.experiment, TRIAL_KEY_TAG, key)
     if found:
+        if attempt:
+            registry.set_tags(found[-1], attempt)
         return found[-1]
     run_id = registry.start_run(ws.experiment, f"{spec.name}-trial-{ticket.number}", tags={
         "mlflow.parentRunId": parent_run_id, "hybridtrain.job": trial_job(spec.name),
-        "hybridtrain.sweep": study_name, "hybridtrain.sweep.trial": str(ticket.number), TRIAL_KEY_TAG: key})
+        "hybridtrain.sweep": study_name, "hybridtrain.sweep.trial": str(ticket.number), TRIAL_KEY_TAG: key, **attempt})
     registry.log_params(run_id, {f"model.{k}": v for k, v in params.items()})
     return run_id
 
@@ -64,12 +71,13 @@ def trial_run(ws: Workspace, spec: JobSpec, parent_run_id: str, study_name: str,
 def train_trial(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: str, parent_run_id: str,
                 storage: str, study_name: str, ticket: TrialTicket,
                 should_stop: Callable[[], bool] | None = None, capacity_class: str | None = None,
-                gpus: Mapping[str, Sequence[int]] | None = None) -> TrialOutcome:
+                gpus: Mapping[str, Sequence[int]] | None = None, flow_run_id: str | None = None) -> TrialOutcome:
     """Train trial ``ticket`` of the sweep in ``spec`` at ``site`` (resuming its newest checkpoint).
 
     Returns a complete outcome (with the model in MLflow) or a pruned one (stopped after the epoch
     the pruner said so; no model). ``Preempted`` and real failures propagate, for the sweep's
     recovery to resume or retry the trial. ``gpus``: the GPUs of the site's hosts held for it (``stages.train``).
+    ``flow_run_id``: the Prefect flow run of this attempt, tagged on the trial's MLflow run (``trial_run``).
     """
     import time
 
@@ -79,7 +87,7 @@ def train_trial(ws: Workspace, spec: JobSpec, approved: DatasetVersion, site: st
     study = open_for_trial(storage, study_name, spec.sweep)
     params = study.space.decode(ticket.params)
     tspec = trial_spec(spec, ticket.params)
-    run_id = trial_run(ws, spec, parent_run_id, study_name, ticket, params)
+    run_id = trial_run(ws, spec, parent_run_id, study_name, ticket, params, flow_run_id)
     reporter = study.reporter(ticket, prune=spec.sweep.pruner.name != "none")
     registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
     training = time.perf_counter()

@@ -29,6 +29,9 @@ from typing import Any, Iterator
 
 from hybridtrain.tracking.sqlite_store import ensure_sqlite_store
 
+#: The Prefect flow run an MLflow run belongs to (a lifecycle's, a sweep trial's attempt): the stale-run reaper
+#: (``orchestration.stale_runs``) ends the RUNNING runs of a flow run whose process died KILLED.
+FLOW_RUN_TAG = "hybridtrain.prefect_flow_run_id"
 CHAMPION = "champion"
 PREVIOUS = "previous"
 FEATURIZER_FILE = "featurizer.json"

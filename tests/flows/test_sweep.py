@@ -120,3 +120,11 @@ def test_sweep_runs_trials_as_subflows_prunes_survives_a_failure_and_promotes_th
 
     trained = stages.past_run_hours(ws, trial_job(load_spec(spec).name))
     assert len(trained) == 3 and all(h > 0 for h in trained)
+    # Each trial's MLflow run names its attempt's flow run, as a lifecycle's does: the stale-run reaper ends it
+    # KILLED if that process dies (it had no such tag and stayed RUNNING).
+    trial_runs = registry.client.search_runs([registry.client.get_experiment_by_name(ws.experiment).experiment_id],
+                                             filter_string="tags.`hybridtrain.sweep` = 'flow-sweep'")
+    tagged = {r.data.tags["hybridtrain.sweep.trial"]: r.data.tags.get("hybridtrain.prefect_flow_run_id")
+              for r in trial_runs if "hybridtrain.sweep.trial" in r.data.tags}
+    attempts = {r.name.split("-")[1]: str(r.id) for r in trials}  # trial-<n>-attempt-1-at-<site>
+    assert tagged == {n: attempts[n] for n in ("0", "1", "3")}  # trial 2's values are refused before its run opens

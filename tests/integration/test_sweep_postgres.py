@@ -47,6 +47,25 @@ def test_study_on_postgresql_from_the_setting_with_pruning(postgres, tmp_path, m
     assert not (tmp_path / ".hybridtrain").exists()  # nothing went to the SQLite default
 
 
+def test_a_killed_sweeps_trial_fails_and_runs_again_on_postgresql(postgres, tmp_path):
+    # The heartbeats are the database's clock on both sides (PostgreSQL's now(), a timestamp column): no time zone
+    # or host clock can make a live trial look stale or a dead one fresh.
+    from hybridtrain.sweeps.study import STALE_AFTER_S, SweepStudy, storage_url
+    from hybridtrain.workspace import Workspace
+    from tests.fixtures.sweep_study import age_heartbeats, killed_parent
+
+    url = storage_url(Workspace.resolve(tmp_path), postgres)
+    sweep = SweepSpec.model_validate({"parameters": {"dropout": {"type": "float", "low": 0.0, "high": 0.5}},
+                                      "sampler": {"name": "random"}})
+    dead = killed_parent(url, "pg-stale", sweep)
+    assert SweepStudy.open(url, "pg-stale", sweep).counts() == {"complete": 1, "running": 1}  # not stale yet
+    assert age_heartbeats(url, "pg-stale", STALE_AFTER_S + 60) == 2
+    resumed = SweepStudy.open(url, "pg-stale", sweep)
+    assert resumed.counts() == {"complete": 1, "interrupted": 1, "waiting": 1} and resumed.ended() == 1
+    retry = resumed.ask()
+    assert (retry.retry_of, retry.params) == (dead["held"], dead["params"])
+
+
 def test_an_unreachable_database_is_one_clear_error(tmp_path):
     from hybridtrain.sweeps.study import SweepStudy, storage_url
     from hybridtrain.workspace import Workspace

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -135,6 +136,71 @@ def test_study_on_sqlite_reports_epochs_and_the_median_pruner_stops_a_worse_tria
     again = SweepStudy.open(url, "s1", sweep)  # a resumed sweep sees both
     assert again.counts() == {"complete": 1, "pruned": 1}
     assert again.best()[0] == good.number
+
+
+STALE_SWEEP = SweepSpec.model_validate({"parameters": {"dropout": {"type": "float", "low": 0.0, "high": 0.5}},
+                                        "sampler": {"name": "random"}})
+
+
+def test_a_trial_whose_sweep_was_killed_fails_when_the_sweep_resumes_and_runs_again_in_its_place(tmp_path):
+    # A killed sweep's trial stayed RUNNING in the study for good: never failed, never run again.
+    from hybridtrain.sweeps.study import STALE_AFTER_S, SweepStudy
+    from tests.fixtures.sweep_study import age_heartbeats, killed_parent
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    dead = killed_parent(url, "s", STALE_SWEEP)
+    early = SweepStudy.open(url, "s", STALE_SWEEP)  # run again at once: its heartbeat is not stale yet
+    assert early.counts() == {"complete": 1, "running": 1} and early.ended() == 1
+    assert age_heartbeats(url, "s", STALE_AFTER_S + 60) == 2  # the parent beat for both trials it asked
+    resumed = SweepStudy.open(url, "s", STALE_SWEEP)
+    # Failed, and not counted as done: its retry (same values) takes its place in n_trials.
+    assert resumed.counts() == {"complete": 1, "interrupted": 1, "waiting": 1} and resumed.ended() == 1
+    retry = resumed.ask()
+    assert (retry.retry_of, retry.params) == (dead["held"], dead["params"])
+    assert resumed.counts() == {"complete": 1, "interrupted": 1, "running": 1}
+    resumed.tell(retry, "complete", 0.81)
+    assert resumed.ended() == 2
+
+
+def test_a_live_sweep_keeps_its_trials_beating_and_releases_them_when_it_stops(tmp_path, monkeypatch):
+    # No effect on a healthy long trial: its parent's heartbeat keeps it from being judged stale, however long it
+    # trains. A sweep stopping on an error or Ctrl-C fails its trials at once, queued to run again.
+    from hybridtrain.sweeps import study as study_module
+    from hybridtrain.sweeps.study import SweepStudy
+
+    # This URL's storage is new: a beat every second, stale after 4 s without one.
+    monkeypatch.setattr(study_module, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(study_module, "STALE_AFTER_S", 4)
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    live = SweepStudy.open(url, "s", STALE_SWEEP)
+    long = live.ask()
+    time.sleep(6)  # trains past the stale limit
+    assert SweepStudy.open(url, "s", STALE_SWEEP).counts() == {"running": 1}  # a sibling sweep leaves it alone
+    assert live.release() == [long.number]
+    assert live.counts() == {"interrupted": 1, "waiting": 1} and live.release() == []
+
+
+def test_a_trial_run_names_its_attempts_flow_run_so_the_reaper_ends_it_after_a_crash(tmp_path):
+    # Trial runs carried no flow-run tag: after a crash the reaper could not find them and they stayed RUNNING.
+    from hybridtrain.sweeps.study import TrialTicket
+    from hybridtrain.sweeps.trial import trial_run
+    from hybridtrain.tracking.model_registry import Registry
+    from hybridtrain.workspace import Workspace
+    from orchestration.stale_runs import _end_mlflow_runs
+
+    ws = Workspace.resolve(tmp_path)
+    spec = load_spec(SPEC)
+    registry = Registry(ws.tracking_uri, ws.mlflow_artifacts)
+    parent = registry.start_run(ws.experiment, "churn-sweep", {"hybridtrain.sweep": "s"})
+    ticket = TrialTicket(number=3, trial_id=4, params={"dropout": 0.1})
+    run_id = trial_run(ws, spec, parent, "s", ticket, {"dropout": 0.1}, "attempt-1-flow-run")
+    # The next attempt (a preempted trial resumed) trains in the same run, under its own flow run.
+    assert trial_run(ws, spec, parent, "s", ticket, {"dropout": 0.1}, "attempt-2-flow-run") == run_id
+    assert registry.client.get_run(run_id).data.tags["hybridtrain.prefect_flow_run_id"] == "attempt-2-flow-run"
+    assert _end_mlflow_runs(ws, "attempt-2-flow-run", "its process is gone") == [run_id]
+    run = registry.client.get_run(run_id)
+    assert (run.info.status, run.data.tags["hybridtrain.crashed"]) == ("KILLED", "its process is gone")
+    assert registry.run_status(parent) == "RUNNING"  # the sweep's own run belongs to the sweep's flow run
 
 
 def test_a_study_that_exists_with_the_other_direction_is_refused(tmp_path):
