@@ -9,10 +9,12 @@ from __future__ import annotations
 import math
 import time
 from datetime import UTC, datetime
+from typing import Annotated
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.deployments import run_deployment
+from pydantic import Field
 
 import flows  # noqa: F401  - a worker loads this file by its path, not as a module of flows: its fixes first
 from hybridtrain.errors import Problem
@@ -41,12 +43,19 @@ def interval_problems(interval_s: object) -> list[Problem]:
 
 
 @flow(name="burst-controller", log_prints=True)
-def burst_controller(workspace: str | None = None, interval_s: float = DEFAULT_INTERVAL_S) -> list[dict]:
+def burst_controller(workspace: str | None = None,
+                     interval_s: Annotated[float, Field(gt=0, le=MAX_INTERVAL_S)] = DEFAULT_INTERVAL_S) -> list[dict]:
     """One pass over every on-prem site's pool (runs on a schedule every ``interval_s``).
 
     Judgement is the pure ``plan_bursts``: a waiting run is moved only when it would miss its
     deadline (or the wait SLO) here, the engine picks another allowed site, and its data may leave.
-    A wrong ``interval_s`` (``interval_problems``) or workspace is refused before any pool is read.
+    A wrong ``interval_s`` (``interval_problems``) or workspace is refused before any pool is read; the bounds
+    are in the parameter's type too, so a deployment run outside them is never created (see ``flows``).
+
+    Args:
+        workspace: Workspace root on the worker. Empty: HYBRIDTRAIN_HOME or the working directory.
+        interval_s: Seconds between two passes, > 0 and at most 86400 (a day); the margin added to every
+            predicted start.
     """
     ws = run_workspace(workspace, problems=interval_problems(interval_s), source="burst-controller")
     sites = ws.load_sites()

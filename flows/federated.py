@@ -23,7 +23,7 @@ import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from prefect import Flow, flow
 from prefect.artifacts import create_markdown_artifact
@@ -31,7 +31,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.states import Cancelled
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import flows  # noqa: F401  - a worker loads this file by its path, not as a module of flows: its fixes first
 from blocks.register import release_key_pem
@@ -43,6 +43,7 @@ from hybridtrain.federated.coordinator import FederationOutcome, run_federation
 from hybridtrain.federated.planning import ModeDecision
 from hybridtrain.federated.registration import log_round, register_and_promote
 from hybridtrain.federated.secure_aggregation import SecureRound
+from hybridtrain.specs.federation import MAX_ROUNDS
 from hybridtrain.specs.job import JobSpec
 from hybridtrain.tracking.model_registry import Registry
 from hybridtrain.workspace import Workspace
@@ -65,6 +66,9 @@ LIVENESS_REFRESH_S = 5.0
 CANCEL_TRIES_S = 60.0
 #: Under ``hybridtrain`` so that its lines reach the run's log in Prefect (``PREFECT_LOGGING_EXTRA_LOGGERS``).
 log = logging.getLogger("hybridtrain.federated.pools")
+#: A round number, as the steps' forms take it (``training.federated.rounds`` is at most ``MAX_ROUNDS``); the bound
+#: is in the parameter schema, so a run outside it is never created (see ``flows``).
+Round = Annotated[int, Field(ge=1, le=MAX_ROUNDS)]
 
 
 def _checked_workspace(workspace: str | None, run_id: str, run_key: str) -> Workspace:
@@ -98,7 +102,7 @@ def _round_run_name() -> str:
 
 
 @flow(name="federated-round", flow_run_name=_round_run_name, log_prints=True)
-def federated_round(spec: JobSpec, site: str, run_id: str, run_key: str, rnd: int, approved: DatasetVersion,
+def federated_round(spec: JobSpec, site: str, run_id: str, run_key: str, rnd: Round, approved: DatasetVersion,
                     featurizer: dict, aggregation_site: str, tag: str, workspace: str | None = None,
                     secure: SecureRound | None = None) -> steps.SiteUpdate:
     """Round ``rnd`` at ``site``: global weights in, local epochs, the update out (with ``secure``: kept at the
@@ -110,7 +114,7 @@ def federated_round(spec: JobSpec, site: str, run_id: str, run_key: str, rnd: in
 
 
 @flow(name="federated-evaluate", flow_run_name="fed-evaluate-{site}", log_prints=True)
-def federated_evaluate(spec: JobSpec, site: str, run_id: str, run_key: str, rnd: int, approved: DatasetVersion,
+def federated_evaluate(spec: JobSpec, site: str, run_id: str, run_key: str, rnd: Round, approved: DatasetVersion,
                        featurizer: dict, aggregation_site: str, tag: str,
                        workspace: str | None = None) -> steps.SiteEvaluation:
     """The final global model on ``site``'s test split; only the metrics leave."""

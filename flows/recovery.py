@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
@@ -51,6 +51,7 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 from prefect.states import Crashed
+from pydantic import Field
 
 import flows  # noqa: F401  - a worker loads this file by its path, not as a module of flows: its fixes first
 from hybridtrain import stages
@@ -72,6 +73,9 @@ MIN_HEARTBEAT_TIMEOUT_S = float(MISSED_HEARTBEATS * DEFAULT_HEARTBEAT_S)
 DEFAULT_LOOKBACK_HOURS = 24.0
 #: The longest ``lookback_hours``: resuming a run that crashed over a week ago is a person's decision.
 MAX_LOOKBACK_HOURS = 7 * 24.0
+#: The longest ``heartbeat_timeout_s``, the longest look-back window: a run looked at started within it, when its pool
+#: had a live worker, so no pool could have been silent for longer.
+MAX_HEARTBEAT_TIMEOUT_S = MAX_LOOKBACK_HOURS * 3600
 
 
 def _number(value: object) -> bool:
@@ -96,6 +100,11 @@ def parameter_problems(flow_name: object, heartbeat_timeout_s: object, lookback_
                                                        f"{MISSED_HEARTBEATS} worker heartbeats (a worker beats every "
                                                        f"{DEFAULT_HEARTBEAT_S} s), so runs of live workers would be "
                                                        f"crashed and trained twice; {least}"))
+    elif heartbeat_timeout_s > MAX_HEARTBEAT_TIMEOUT_S:
+        problems.append(Problem("heartbeat_timeout_s", f"{heartbeat_timeout_s:g} s is longer than the longest "
+                                                       f"look-back window (a week), so no pool would ever count as "
+                                                       f"lost; give at most {MAX_HEARTBEAT_TIMEOUT_S:.0f} (default "
+                                                       f"{DEFAULT_HEARTBEAT_TIMEOUT_S:.0f})"))
     if not (_number(lookback_hours) and 0 < lookback_hours <= MAX_LOOKBACK_HOURS):
         problems.append(Problem("lookback_hours", f"{lookback_hours!r} is not a window to look back over; give the "
                                                   f"hours, > 0 and at most {MAX_LOOKBACK_HOURS:.0f} (a week; default "
@@ -127,14 +136,28 @@ def pool_silent_since(client: Any, pool: str | None, now: datetime, timeout_s: f
 
 
 @flow(name="recover-runs", log_prints=True)
-def recover_runs(workspace: str | None = None, flow_name: str = LIFECYCLE_FLOWS[0],
-                 heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
-                 lookback_hours: float = DEFAULT_LOOKBACK_HOURS, dry_run: bool = False) -> list[dict[str, str]]:
+def recover_runs(
+    workspace: str | None = None,
+    flow_name: str = LIFECYCLE_FLOWS[0],
+    heartbeat_timeout_s: Annotated[float, Field(ge=MIN_HEARTBEAT_TIMEOUT_S,
+                                                le=MAX_HEARTBEAT_TIMEOUT_S)] = DEFAULT_HEARTBEAT_TIMEOUT_S,
+    lookback_hours: Annotated[float, Field(gt=0, le=MAX_LOOKBACK_HOURS)] = DEFAULT_LOOKBACK_HOURS,
+    dry_run: bool = False,
+) -> list[dict[str, str]]:
     """Resubmit crashed or lost lifecycle runs with resume; returns one row per run looked at.
 
     Wrong parameters (``parameter_problems``, and the workspace) are refused together, before any run is read or
-    changed: ``heartbeat_timeout_s`` at least ``MIN_HEARTBEAT_TIMEOUT_S`` (90 s), ``lookback_hours`` in (0, 168],
-    ``flow_name`` a lifecycle flow.
+    changed: ``heartbeat_timeout_s`` from ``MIN_HEARTBEAT_TIMEOUT_S`` (90 s) to ``MAX_HEARTBEAT_TIMEOUT_S`` (a
+    week), ``lookback_hours`` in (0, 168], ``flow_name`` a lifecycle flow. The numbers' bounds are in their types
+    too, so a deployment run outside them is never created (see ``flows``).
+
+    Args:
+        workspace: Workspace root on the worker. Empty: HYBRIDTRAIN_HOME or the working directory.
+        flow_name: The lifecycle flow whose runs are resubmitted (training-lifecycle).
+        heartbeat_timeout_s: Seconds without a worker heartbeat after which a pool counts as lost, 90 (three of a
+            worker's 30-s beats) to 604800 (a week).
+        lookback_hours: How far back to look for crashed or lost runs, > 0 and at most 168 (a week).
+        dry_run: List the runs that would be resubmitted; resubmit none and terminate no instance.
     """
     log = get_run_logger()
     ws = run_workspace(workspace, problems=parameter_problems(flow_name, heartbeat_timeout_s, lookback_hours),

@@ -24,16 +24,16 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from flows.data import Prepared, prepare_data, sync_data
 from flows.lifecycle import QUEUE_ALLOWANCE_S, validate_spec
 from flows.supervise import as_exception
-from flows.training import AttemptEnd, save_attempt_end
+from flows.training import MAX_ATTEMPTS, AttemptEnd, save_attempt_end
 from hybridtrain import stages
 from hybridtrain.datasets.dvc_repo import DatasetVersion
 from hybridtrain.errors import Problem, SpecError, StageFailed
@@ -95,8 +95,8 @@ _SLOT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("hybridtrain
 
 @flow(name="sweep-trial", flow_run_name="trial-{ticket.number}-attempt-{attempt}-at-{site}", log_prints=True)
 def sweep_trial(spec: JobSpec, approved: DatasetVersion, site: str, parent_run_id: str, storage: str, study: str,
-                ticket: TrialTicket, attempt: int = 1, workspace: str | None = None,
-                capacity_class: str | None = None) -> TrialOutcome:
+                ticket: TrialTicket, attempt: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS)] = 1,
+                workspace: str | None = None, capacity_class: str | None = None) -> TrialOutcome:
     """One attempt of one trial at ``site``: train with the trial's values, reporting each epoch to the study.
 
     ``capacity_class`` is the trial's placement (``opportunistic``: the instances a multi-node trial starts

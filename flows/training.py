@@ -9,11 +9,12 @@ stage ran in another worker's process.
 from __future__ import annotations
 
 from contextlib import ExitStack
+from typing import Annotated
 
 from prefect import flow, get_run_logger
 
 # Pinned Prefect 3.8.8: the pieces of prefect.concurrency.sync.concurrency(), used directly for the lease id.
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import flows  # noqa: F401  - a worker loads this file by its path, not as a module of flows: its fixes first
 from hybridtrain import stages
@@ -26,6 +27,11 @@ from orchestration.context import run_workspace
 from orchestration.progress import bind_progress
 from orchestration.training_lease import acquire_lease
 from tasks.training import evaluate, train
+
+
+#: The highest ``attempt``: far above a recovery policy's attempts (``recovery.max_preemptions`` +
+#: ``max_failures`` + 1; 23 by default). A bound in the parameter's type, for the form and the server (see ``flows``).
+MAX_ATTEMPTS = 10_000
 
 
 class Trained(BaseModel):
@@ -53,7 +59,8 @@ class AttemptEnd(BaseModel):
 
 @flow(name="train-stage", flow_run_name="train-{spec.metadata.name}-at-{site}", log_prints=True)
 def train_stage(spec: JobSpec, approved: DatasetVersion, site: str, run_id: str, run_key: str,
-                workspace: str | None = None, attempt: int = 1, capacity_class: str | None = None) -> Trained:
+                workspace: str | None = None, attempt: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS)] = 1,
+                capacity_class: str | None = None) -> Trained:
     """Train at the placed site (holding the job's training lease), then evaluate against the champion.
 
     Args:
@@ -65,7 +72,7 @@ def train_stage(spec: JobSpec, approved: DatasetVersion, site: str, run_id: str,
         run_key: Names the checkpoint series (letters, digits, . _ -): the same key resumes from its newest
             checkpoint.
         workspace: Workspace root on the worker. Empty: HYBRIDTRAIN_HOME or the working directory.
-        attempt: Which training attempt of the lifecycle this is (1 for the first).
+        attempt: Which training attempt of the lifecycle this is (1 for the first; at most 10000).
         capacity_class: The placement's capacity class at the site (``opportunistic``: spot). Instances a
             multi-node job starts follow it; empty: the site's own class.
     """

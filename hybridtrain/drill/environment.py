@@ -79,6 +79,12 @@ def drill_frame(train_rows: int, val_rows: int = VAL_ROWS, seed: int = 11) -> pd
     })
 
 
+#: The fewest optimizer steps a drill run may take (``--steps``).
+MIN_STEPS = 40
+#: The fewest steps between two checkpoints (``--interval``).
+MIN_INTERVAL = 2
+
+
 def plan_steps(steps: int, interval: int | None) -> tuple[int, int, int, int]:
     """(steps per epoch, total steps, checkpoint interval, fault step) for ``--steps``/``--interval``.
 
@@ -87,10 +93,10 @@ def plan_steps(steps: int, interval: int | None) -> tuple[int, int, int, int]:
     at least one more interval before the end.
     """
     problems = []  # --steps and --interval checked together: one run of the command names both
-    if steps < 40:
-        problems.append(Problem("--steps", f"{steps} is too few; give at least 40 (default {DEFAULT_STEPS})"))
-    if interval is not None and interval < 2:
-        problems.append(Problem("--interval", f"must be at least 2 steps, got {interval}"))
+    if steps < MIN_STEPS:
+        problems.append(Problem("--steps", f"{steps} is too few; give at least {MIN_STEPS} (default {DEFAULT_STEPS})"))
+    if interval is not None and interval < MIN_INTERVAL:
+        problems.append(Problem("--interval", f"must be at least {MIN_INTERVAL} steps, got {interval}"))
     if problems:
         raise SpecError("hybridtrain drill", problems)
     per_epoch = math.ceil(steps / EPOCHS)

@@ -18,7 +18,7 @@ import socket
 from dataclasses import dataclass
 
 from hybridtrain.errors import Problem, SpecError, given_as
-from hybridtrain.serving.service import MIN_POLL_S
+from hybridtrain.serving.service import MAX_POLL_S, MIN_POLL_S
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,9 @@ def option_problems(host: str, port: int, poll: float, *, names: OptionNames, th
                                                 f"{HOST_FIX}"))
     if not 0 <= port <= 65535:
         problems.append(Problem(names.port, f"{port} is not a port; give 1-65535 (0: any free one)"))
-    if not (math.isfinite(poll) and poll >= MIN_POLL_S):
+    if not (math.isfinite(poll) and MIN_POLL_S <= poll <= MAX_POLL_S):
         problems.append(Problem(names.poll, f"{poll} is not a polling interval; give the seconds between checks of "
-                                            f"the target's pointers, a number >= {MIN_POLL_S} "
+                                            f"the target's pointers, a number from {MIN_POLL_S} to {MAX_POLL_S:.0f} "
                                             f"(e.g. {names.example(names.poll, '2')})"))
     if threads is not None and threads < 1:
         problems.append(Problem(names.threads, f"{threads} is not a thread count; give 1 or more (1 is fastest for "

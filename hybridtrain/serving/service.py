@@ -22,6 +22,7 @@ from hybridtrain.workspace import Workspace
 
 TARGET_SPECS_TAG = "hybridtrain.release.target_specs"
 MIN_POLL_S = 0.05  # polling the pointers more often only burns CPU re-reading them
+MAX_POLL_S = 3600.0  # polling less often, a release or rollback would wait more than an hour to be served
 
 
 def trusted_key(ws: Workspace, public_key: Path | None, *, command: str = "serve") -> Any:
@@ -145,10 +146,10 @@ def build_server(ws: Workspace, target: str, *, spec_path: Path | None = None, m
     from hybridtrain.governance.audit_key import workspace_log
     from hybridtrain.serving.server import ModelServer
 
-    if not (isinstance(poll_s, (int, float)) and math.isfinite(poll_s) and poll_s >= MIN_POLL_S):
+    if not (isinstance(poll_s, (int, float)) and math.isfinite(poll_s) and MIN_POLL_S <= poll_s <= MAX_POLL_S):
         raise SpecError("serve", [Problem("poll_s", f"{poll_s!r} is not a polling interval; give the seconds between "
-                                                    f"checks of the target's pointers, a number >= {MIN_POLL_S} "
-                                                    "(e.g. 2)")])
+                                                    f"checks of the target's pointers, a number from {MIN_POLL_S} to "
+                                                    f"{MAX_POLL_S:.0f} (e.g. 2)")])
     name, specs = target_specs(ws, spec_path, model)
     tspec = pick(specs, target)
     key = trusted_key(ws, public_key)

@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hybridtrain.specs.sites import NAME_RE
 
+#: The most aggregation rounds a federated job may run (``training.federated.rounds``).
+MAX_ROUNDS = 1000
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -32,7 +35,7 @@ class DifferentialPrivacySpec(_Strict):
 class FederatedSpec(_Strict):
     """Rounds, local work and fault tolerance of federated training."""
 
-    rounds: int = Field(5, ge=1, le=1000, description="Aggregation rounds.")
+    rounds: int = Field(5, ge=1, le=MAX_ROUNDS, description="Aggregation rounds.")
     local_epochs: int = Field(1, ge=1, le=100, description="Epochs each site trains per round, from the global weights.")
     min_sites: int = Field(
         1, ge=1, description="A round needs updates from at least this many sites; fewer fails the round.")

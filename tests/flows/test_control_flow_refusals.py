@@ -4,6 +4,10 @@ recover-runs with a heartbeat timeout shorter than a worker's heartbeats used to
 force the run CRASHED and train the job a second time; the burst controller took any interval as its margin. A
 refused call now leaves every run as it was, starts none and writes no audit record. The run recover-runs does
 resubmit is a run of its deployment, not a subflow of the recovery pass (cancelling the pass would cancel it).
+
+A number outside the bounds in a parameter's type is refused by the server for a deployment run
+(tests/flows/test_parameter_bounds.py) and by Prefect's validation for a direct call; the flows' own checks below
+run with ``validate_parameters=False``, as for a call that skips that validation.
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ def test_recover_runs_refuses_before_it_touches_a_healthy_run(lifecycle_pool, pa
     healthy = lifecycle_run(env, None)  # RUNNING, and its pool's worker beat just now
     before = pool_runs(env)
     with pytest.raises(SpecError) as exc:
-        recover_runs(workspace=str(env["root"]), **params)
+        recover_runs.with_options(validate_parameters=False)(workspace=str(env["root"]), **params)
     assert [p.path for p in exc.value.problems] == list(params)
     assert pool_runs(env) == before  # not crashed, nothing resubmitted, no tag
     assert before[healthy.id][0].value == "RUNNING"
@@ -96,7 +100,8 @@ def test_recover_runs_reports_every_wrong_parameter_and_the_workspace_at_once(li
     from flows.recovery import recover_runs
 
     with pytest.raises(SpecError) as exc:
-        recover_runs(workspace=str(tmp_path / "nope"), flow_name="", heartbeat_timeout_s=0, lookback_hours=0)
+        recover_runs.with_options(validate_parameters=False)(workspace=str(tmp_path / "nope"), flow_name="",
+                                                             heartbeat_timeout_s=0, lookback_hours=0)
     assert [p.path for p in exc.value.problems] == ["workspace", "flow_name", "heartbeat_timeout_s", "lookback_hours"]
     assert f"{tmp_path / 'nope'} does not exist" in str(exc.value)
 
@@ -120,12 +125,34 @@ def test_the_resubmitted_run_is_not_a_subflow_of_the_recovery_pass(lifecycle_poo
     assert f"recovered-from:{crashed.id}" in new.tags
 
 
-@pytest.mark.parametrize("interval", [-5, 0, 1e308, 86401])
-def test_the_burst_controller_refuses_an_interval_before_it_reads_a_pool(prefect_server, workspace, interval):
+def test_a_direct_call_with_numbers_out_of_bounds_is_refused_by_prefect_before_it_touches_a_run(lifecycle_pool):
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.recovery import recover_runs
+
+    env = lifecycle_pool
+    lifecycle_run(env, None)
+    before = pool_runs(env)
+    state = recover_runs(workspace=str(env["root"]), heartbeat_timeout_s=30, lookback_hours=169, return_state=True)
+    with get_client(sync_client=True) as client:  # a direct call's run exists before it is validated
+        client.delete_flow_run(state.state_details.flow_run_id)
+    with pytest.raises(ParameterTypeError, match=r"(?m)^ - heartbeat_timeout_s: .*\n - lookback_hours: "):
+        state.result()
+    assert pool_runs(env) == before
+    assert audit(env["root"]) == []
+
+
+@pytest.mark.parametrize("interval, validated", [(-5, False), (0, False), (1e308, False), (86401, False),
+                                                 (1e308, True), (86401, True)])
+def test_the_burst_controller_refuses_an_interval_before_it_reads_a_pool(prefect_server, workspace, interval,
+                                                                         validated):
+    """Validated (a direct call's default), Prefect refuses it naming ``interval_s``; without that validation, the
+    flow's own check does, with its one-line message."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.exceptions import ObjectAlreadyExists, ParameterTypeError
     from prefect.states import Scheduled
 
     from flows.burst import burst_controller
@@ -139,16 +166,22 @@ def test_the_burst_controller_refuses_an_interval_before_it_reads_a_pool(prefect
         dep = client.create_deployment(flow_id, f"refusals-{uuid.uuid4().hex[:8]}", work_pool_name="onprem")
         waiting = client.create_flow_run_from_deployment(
             dep, state=Scheduled(scheduled_time=datetime.now(UTC) - timedelta(minutes=10)))
-        state = burst_controller(workspace=str(workspace), interval_s=interval, return_state=True)
+        state = burst_controller.with_options(validate_parameters=validated)(
+            workspace=str(workspace), interval_s=interval, return_state=True)
         # Prefect on PostgreSQL stores 1e308 as an integer it cannot list again (every runs list fails with a
-        # 500): the pass's own run goes, so the session's server stays usable.
+        # 500): a direct call's run is created before any validation, so the pass's own run goes, and the
+        # session's server stays usable.
         client.delete_flow_run(state.state_details.flow_run_id)
         try:
             assert state.is_failed()
-            with pytest.raises(SpecError) as exc:
-                state.result()
-            [problem] = exc.value.problems
-            assert problem.path == "interval_s" and "give the seconds between passes" in problem.message
+            if validated:
+                with pytest.raises(ParameterTypeError, match=r"(?m)^ - interval_s: "):
+                    state.result()
+            else:
+                with pytest.raises(SpecError) as exc:
+                    state.result()
+                [problem] = exc.value.problems
+                assert problem.path == "interval_s" and "give the seconds between passes" in problem.message
             after = client.read_flow_run(waiting.id)
             assert after.state.is_scheduled() and after.state.id == waiting.state.id  # not moved, not touched
             mine = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep])))

@@ -1,5 +1,9 @@
 """serve-model and failover-drill called with parameters a Prefect UI user gets wrong: one ``SpecError`` from the
-flow naming each parameter as the form names it, before anything is loaded, listened on or created."""
+flow naming each parameter as the form names it, before anything is loaded, listened on or created.
+
+A number outside its bounds never reaches a deployment's run (the server refuses it: tests/flows/
+test_parameter_bounds.py), and a direct call's Prefect validation refuses it before the flow's body runs; the flow's
+own check, tested here with ``validate_parameters=False``, covers calls that skip that validation."""
 
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ def test_serve_model_names_each_bad_parameter(prefect_server, workspace, params,
 
     kwargs = {"target": "onprem-serving", "host": "127.0.0.1", "port": 0, **params}
     with pytest.raises(SpecError) as raised:
-        serve_model(**kwargs, workspace=str(workspace))
+        serve_model.with_options(validate_parameters=False)(**kwargs, workspace=str(workspace))
     assert raised.value.source == "serve-model"
     found = {p.path: p.message for p in raised.value.problems}
     assert set(found) == set(named)
@@ -56,7 +60,8 @@ def test_failover_drill_names_the_forms_fields_and_bounds_steps(prefect_server, 
     from flows.drill import failover_drill
 
     with pytest.raises(SpecError) as raised:
-        failover_drill(scenarios=["nope"], steps=10**12, interval=0, workspace=str(workspace))
+        failover_drill.with_options(validate_parameters=False)(scenarios=["nope"], steps=10**12, interval=0,
+                                                               workspace=str(workspace))
     assert raised.value.source == "failover-drill"
     found = {p.path: p.message for p in raised.value.problems}
     assert list(found) == ["scenarios", "steps", "interval"]
@@ -65,3 +70,24 @@ def test_failover_drill_names_the_forms_fields_and_bounds_steps(prefect_server, 
     assert found["interval"] == "must be at least 2 steps, got 0"
     assert "--" not in str(raised.value)
     assert made(workspace) == set()  # no drills directory
+
+
+@pytest.mark.parametrize("call, named", [
+    ("serve", ["port", "poll_s"]),
+    ("drill", ["steps", "interval"]),
+])
+def test_a_direct_call_with_numbers_out_of_range_is_refused_by_prefect_naming_them(prefect_server, workspace, call,
+                                                                                   named):
+    """As called from Python (validation on), the numbers' bounds are checked by Prefect before the flow's body."""
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.drill import failover_drill
+    from flows.serving import serve_model
+
+    with pytest.raises(ParameterTypeError) as raised:
+        if call == "serve":
+            serve_model(target="onprem-serving", host="127.0.0.1", port=70000, poll_s=0.0, workspace=str(workspace))
+        else:
+            failover_drill(scenarios=["kill-9"], steps=10**12, interval=0, workspace=str(workspace))
+    assert [line.split(":")[0] for line in str(raised.value).splitlines()[1:]] == [f" - {name}" for name in named]
+    assert made(workspace) == set()

@@ -3,6 +3,9 @@ ERROR line of its log naming the form's field, and no traceback (``orchestration
 
 As the QA of deployment parameters ran them: deployed from prefect.yaml, started with ``prefect deployment run
 --param``, executed by ``prefect worker start --pool onprem``; the log read back from the API, as the UI reads it.
+Numbers outside their bounds (``steps=1000000000000``, ``port=70000``) never get that far: the server refuses the
+run when it is created (tests/flows/test_parameter_bounds.py), so the wrong values run here are ones only the flow
+can judge, and the refusal of the others is checked as ``prefect deployment run`` reports it.
 """
 
 from __future__ import annotations
@@ -21,21 +24,28 @@ from tests.fixtures.workspaces import ROOT, make_workspace
 
 pytestmark = pytest.mark.slow
 RUNS = {  # deployment, its --param arguments, the one ERROR line its run's log must have
-    "drill": ("failover-drill/weekly", ["--param", "steps=1000000000000", "--param", "interval=0"],
+    "drill": ("failover-drill/weekly", ["--param", 'scenarios=["nope"]', "--param", "interval=5000"],
               ("failover-drill: 2 problems found; fix and re-run:\n"
-              "  - steps: 1000000000000 is too many; give at most 10000 (default 300)\n"
-              "  - interval: must be at least 2 steps, got 0")),
-    "serve": ("serve-model/onprem-serving", ["--param", "port=70000"],
+               "  - scenarios: unknown drill scenario 'nope'; choose one of: kill-9, preempt, corrupt-checkpoint, "
+               "s3-down, ssh-down\n"
+               "  - interval: a checkpoint every 5000 steps leaves no room for a fault in a run of 300 steps (fault at "
+               "12500, then one more interval); use interval=25 or more steps")),
+    "serve": ("serve-model/onprem-serving", ["--param", "target= "],
               ("serve-model: 1 problem found; fix and re-run:\n"
-              "  - port: 70000 is not a port; give 1-65535 (0: any free one)")),
+               "  - target: empty; give the name of one of the model's release targets "
+               "(promotion.release_targets[].name in the job spec)")),
+}
+OUT_OF_RANGE = {  # deployment, its --param arguments, the field the server's refusal names
+    "drill": ("failover-drill/weekly", ["--param", "steps=1000000000000"], "steps"),
+    "serve": ("serve-model/onprem-serving", ["--param", "port=70000"], "port"),
 }
 
 
-def prefect(api: str, root: Path, *args: str) -> str:
+def prefect(api: str, root: Path, *args: str, ok: bool = True) -> str:
     out = subprocess.run([sys.executable, "-m", "prefect", *args], check=False, cwd=root, capture_output=True, text=True,
                          timeout=300, env={**os.environ, "PREFECT_API_URL": api, "HYBRIDTRAIN_HOME": str(root)})
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    return out.stdout
+    assert (out.returncode == 0) == ok, out.stdout[-2000:] + out.stderr[-2000:]
+    return out.stdout + out.stderr
 
 
 def finished_log(client, run_id: str) -> list | None:
@@ -60,6 +70,9 @@ def test_a_worker_run_with_wrong_parameters_logs_one_line_naming_them(prefect_se
     bootstrap(Workspace.resolve(root), deploy=False)  # pools and blocks, as `make deploy`
     prefect(prefect_server, root, "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml",
             *(arg for deployment, _, _ in RUNS.values() for arg in ("--name", deployment)))
+    for deployment, params, field in OUT_OF_RANGE.values():  # refused by the server: no run to execute
+        out = prefect(prefect_server, root, "deployment", "run", deployment, *params, ok=False)
+        assert f"Validation failed for field '{field}'" in " ".join(out.split()), out[-2000:]
     log = tmp_path / "worker-onprem.log"
     worker = start_worker("onprem", root, prefect_server, log)
     try:

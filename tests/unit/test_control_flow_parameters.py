@@ -8,7 +8,7 @@ import math
 import pytest
 
 from flows.burst import interval_problems
-from flows.recovery import MIN_HEARTBEAT_TIMEOUT_S, parameter_problems
+from flows.recovery import MAX_HEARTBEAT_TIMEOUT_S, MIN_HEARTBEAT_TIMEOUT_S, parameter_problems
 from hybridtrain.placement.burst import plan_bursts
 from hybridtrain.placement.engine import Placement
 from hybridtrain.placement.policy import Policy
@@ -24,8 +24,9 @@ def problems(**changes) -> dict[str, str]:
 
 def test_the_defaults_and_the_bounds_themselves_are_accepted():
     assert MIN_HEARTBEAT_TIMEOUT_S == 90  # three of a worker's 30-s heartbeats
-    for ok in ({}, {"heartbeat_timeout_s": 90}, {"heartbeat_timeout_s": 86400.0}, {"lookback_hours": 168},
-               {"lookback_hours": 0.01}):
+    assert MAX_HEARTBEAT_TIMEOUT_S == 604800  # the longest look-back window, a week
+    for ok in ({}, {"heartbeat_timeout_s": 90}, {"heartbeat_timeout_s": 86400.0}, {"heartbeat_timeout_s": 604800},
+               {"lookback_hours": 168}, {"lookback_hours": 0.01}):
         assert problems(**ok) == {}, ok
 
 
@@ -34,6 +35,13 @@ def test_a_heartbeat_timeout_within_a_live_workers_heartbeats_is_refused(timeout
     message = problems(heartbeat_timeout_s=timeout)["heartbeat_timeout_s"]
     assert f"{timeout:g} s is shorter than 3 worker heartbeats" in message
     assert "trained twice" in message and message.endswith("give at least 90 (default 300)")
+
+
+@pytest.mark.parametrize("timeout", [604800.5, 1e308, 99999999999999999999])
+def test_a_heartbeat_timeout_longer_than_any_look_back_window_is_refused(timeout):
+    assert problems(heartbeat_timeout_s=timeout)["heartbeat_timeout_s"] == (
+        f"{timeout:g} s is longer than the longest look-back window (a week), so no pool would ever count as lost; "
+        "give at most 604800 (default 300)")
 
 
 @pytest.mark.parametrize("timeout", [math.inf, -math.inf, math.nan, None, "300", True])

@@ -32,8 +32,16 @@ def test_every_bad_flow_parameter_is_named_as_the_form_names_it():
     assert set(found) == {"target", "host", "port", "poll_s"}
     assert found["target"].startswith("empty; give the name of one of the model's release targets")
     assert found["host"].startswith("'no-such-host.invalid' is not an address or a name that resolves")
-    assert found["poll_s"].endswith("a number >= 0.05 (e.g. poll_s=2)")
+    assert found["poll_s"].endswith("a number from 0.05 to 3600 (e.g. poll_s=2)")
     assert not any("--" in text for text in found.values())
+
+
+@pytest.mark.parametrize("poll", [3600.5, 1e308])
+def test_a_poll_longer_than_an_hour_is_refused(poll):
+    found = messages(option_problems("127.0.0.1", 0, poll, target="onprem-serving", names=FLOW_NAMES))
+    assert found == {"poll_s": f"{poll} is not a polling interval; give the seconds between checks of the target's "
+                               "pointers, a number from 0.05 to 3600 (e.g. poll_s=2)"}
+    assert option_problems("127.0.0.1", 0, 3600.0, target="onprem-serving", names=FLOW_NAMES) == []
 
 
 def test_the_cli_names_stay_the_cli_flags():
