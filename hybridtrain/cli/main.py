@@ -323,7 +323,8 @@ def status(
     limit: Annotated[int, typer.Option(help=f"How many recent runs to show (1 to {STATUS_MAX_RUNS}).")] = 10,
     home: HomeOpt = None,
 ) -> None:
-    """Recent lifecycle runs and each model's champion version and metrics."""
+    """Recent lifecycle runs, each model's champion version and metrics, and any unfinished promotion."""
+    from hybridtrain.governance.promotion import pending_promotions  # lazy: heavy, and only `status` needs it
 
     try:
         if not 1 <= limit <= STATUS_MAX_RUNS:
@@ -363,11 +364,19 @@ def status(
         champ = reg.by_alias(name, CHAMPION)
         if champ is None:
             console.print(f"{name}: no champion yet")
-            continue
-        metrics = {k.removeprefix("hybridtrain.metric."): v for k, v in champ.tags.items()
-                   if k.startswith("hybridtrain.metric.")}
-        shown = ", ".join(f"{k} {float(v):.4f}" for k, v in sorted(metrics.items()) if k in ("auc", "accuracy", "f1"))
-        console.print(f"{name}: champion v{champ.version} ({shown})")
+        else:
+            metrics = {k.removeprefix("hybridtrain.metric."): v for k, v in champ.tags.items()
+                       if k.startswith("hybridtrain.metric.")}
+            shown = ", ".join(f"{k} {float(v):.4f}" for k, v in sorted(metrics.items())
+                              if k in ("auc", "accuracy", "f1"))
+            console.print(f"{name}: champion v{champ.version} ({shown})")
+        for p in pending_promotions(reg, name):  # a lifecycle stopped part-way through promoting it
+            drop = ("a rollback ends it" if champ is not None and champ.version == p.version
+                    else f"`hybridtrain retire {name} {p.version}` drops it")
+            console.print(f"{name}: v{p.version} has an unfinished promotion (job {p.job}, run key {p.run_key}, "
+                          f"started {p.started[:19].replace('T', ' ')} UTC); re-running job {p.job} with "
+                          f"`hybridtrain run SPEC --run-key {p.run_key}` finishes it, {drop}",
+                          highlight=False, markup=False)
 
 
 @app.command()

@@ -138,6 +138,13 @@ class GateReport:
         return {"model": self.model, "version": self.version, "passed": self.passed,
                 "gates": [r.as_dict() for r in self.results]}
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GateReport:
+        """The report ``as_dict`` wrote (an audit ``gate`` record's inputs): what an interrupted promotion decided."""
+        return cls(model=str(data["model"]), version=str(data["version"]), results=tuple(
+            GateResult(str(g["name"]), bool(g["passed"]), str(g["reason"]), dict(g.get("evidence") or {}))
+            for g in data["gates"]))
+
     def tags(self) -> dict[str, str]:
         """MLflow version tags: ``hybridtrain.gate.<name>`` = ``passed: …`` / ``failed: …``."""
         return {f"hybridtrain.gate.{r.name}": f"{'passed' if r.passed else 'failed'}: {r.reason}"[:5000]

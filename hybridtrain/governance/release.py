@@ -582,6 +582,13 @@ class Releaser:
             t.set_current(model, version)
         return self._record(model, version, "rollback", sha)
 
+    def held_copy(self, model: str, version: str, dest: Path) -> ModelBundle | None:
+        """The bundle of ``version`` already in the archive or on a target (unpacked into ``dest``, not verified),
+        or None: what an interrupted promotion had staged, so finishing it releases that same bundle."""
+        held = ((self.archive is not None and self.archive.has(model, version))
+                or any(t.kind != "edge" and version in t.versions(model) for t in self.targets))
+        return self._find(model, version, dest) if held else None
+
     def _find(self, model: str, version: str, dest: Path) -> ModelBundle:
         if self.archive is not None and self.archive.has(model, version):
             return self.archive.get(model, version, dest)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -19,7 +20,7 @@ from hybridtrain.workspace import Workspace
 if TYPE_CHECKING:
     pass
 
-from hybridtrain.governance.ledger import AttemptRecord, RunRecord, StorageRecord
+from hybridtrain.governance.ledger import RUN_RECORD_ARTIFACT, AttemptRecord, RunRecord, StorageRecord
 from hybridtrain.governance.release import BundleArchive, Releaser, open_targets
 from hybridtrain.stages.results import EvaluateResult, PromoteResult, TrainOutput
 from hybridtrain.stages.site_access import control_site
@@ -91,6 +92,11 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
 
     A gate saying no is a normal outcome (the version stays registered, the alias where it was);
     each gate's verdict is recorded on the version and in the audit log.
+
+    The version is registered with a promotion mark (``governance.promotion.PromotionIntent``) that stays until its
+    promotion is done. A re-run of the same lifecycle (same job and ``trained.run_key``) after an interruption
+    settles that first: the same model (same final checkpoint) finishes the marked version's promotion — no second
+    version, each audit record once — and a different model leaves the marked one ``abandoned``, with the reason.
     """
     import mlflow  # lazy: heavy (mlflow)
 
@@ -112,25 +118,44 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
     # The version carries what a reader of the registry needs (hashes, primary metric; gates and cost
     # follow); everything else about the run stays on the run (close_run), one click away.
     version_tags = {k: v for k, v in lineage_tags.items() if k in VERSION_LINEAGE_TAGS}
-    version = registry.register(trained.model_uri, name, run_id, {**version_tags, **metric_tags}).version
-
-    record = run_record(ws, spec, run_id, version, trained, capacity_class, transfers,
-                        registry.model_bytes_uri(trained.model_uri))
-    registry.log_text(run_id, record.model_dump_json(indent=2), "ledger/run_record.json")
-    registry.set_tags(run_id, {"hybridtrain.ledger.model": name, "hybridtrain.model_version": version})
-    line = CostLedger(sites).for_model([record], model=name).line(version)
-    registry.set_tags(run_id, line.tags())
-    registry.set_version_tags(name, version, {k: v for k, v in line.tags().items() if k in VERSION_COST_TAGS})
-    pictures = log_pictures(registry, run_id, trained, line, f"val_{primary}", f"{name} v{version}")
 
     key = SigningKey.from_pem(signing_key_pem)
     publish_public_key(ws, key.public.to_pem())
     releaser = releaser_for(ws, spec, sites, key.public)
     audit = workspace_log(ws.root)
+    # A run of this lifecycle stopped part-way through its promotion (Ctrl-C, kill -9) left its version marked: the
+    # same model is finished as that version, a different one leaves it abandoned (governance.promotion).
+    intent = promotion.settle_pending(registry, releaser, audit, name, job=spec.name, run_key=trained.run_key,
+                                      checkpoint_sha256=trained.checkpoint_sha256, actor=actor)
+    resumed = intent is not None
+    if intent is not None:
+        version = str(intent.version)
+        model_uri = registry.version(name, version).source  # the bundle holds the files the version points at
+    else:
+        current = registry.by_alias(name, CHAMPION)  # what the gates compare against
+        intent = promotion.PromotionIntent.new(job=spec.name, run_key=trained.run_key,
+                                               checkpoint_sha256=trained.checkpoint_sha256, run_id=run_id,
+                                               champion=current.version if current else None)
+        version = registry.register(trained.model_uri, name, run_id, {**version_tags, **metric_tags},
+                                    creation_tags=intent.tag()).version
+        intent = dataclasses.replace(intent, version=version)
+        model_uri = trained.model_uri
+
+    record = run_record(ws, spec, run_id, version, trained, capacity_class, transfers,
+                        registry.model_bytes_uri(trained.model_uri))
+    registry.log_text(run_id, record.model_dump_json(indent=2), "ledger/run_record.json")
+    registry.set_tags(run_id, {"hybridtrain.ledger.model": name, "hybridtrain.model_version": version})
+    earlier = _earlier_record(registry, intent.run_id) if resumed and intent.run_id != run_id else None
+    # A version's cost is every run that made it: the interrupted one too.
+    line = CostLedger(sites).for_model([r for r in (earlier, record) if r is not None], model=name).line(version)
+    registry.set_tags(run_id, line.tags())
+    registry.set_version_tags(name, version, {k: v for k, v in line.tags().items() if k in VERSION_COST_TAGS})
+    pictures = log_pictures(registry, run_id, trained, line, f"val_{primary}", f"{name} v{version}")
+
     champion = registry.by_alias(name, CHAMPION)
     with tempfile.TemporaryDirectory(prefix="hybridtrain-bundle-") as tmp:
         mlflow.set_tracking_uri(ws.tracking_uri)
-        weights = Path(mlflow.artifacts.download_artifacts(artifact_uri=trained.model_uri, dst_path=f"{tmp}/model"))
+        weights = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=f"{tmp}/model"))
         bundle = ModelBundle.build(
             Path(tmp) / "bundle", model=name, version=version, weights=weights, spec=spec.to_dict(),
             datasets=[BundleDataset.of(v) for v in (lineage.raw, lineage.curated, lineage.approved)],
@@ -146,18 +171,24 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
             champion_version=champion.version if champion else None, champion_metrics=result.champion_metrics,
             cost_usd=line.total_usd, rollback_versions=releaser.available_versions(name), approved_by=approved_by,
         ), spec.promotion.gates)
-        bundle_sha = bundle.manifest_sha256  # the bundle directory is temporary
+        built_sha = bundle.manifest_sha256  # the bundle directory is temporary
         try:
             outcome = promotion.promote(registry, releaser, audit, bundle=bundle, report=report,
-                                        trusted_key=key.public, actor=actor)
-        except GateFailed:
+                                        trusted_key=key.public, actor=actor, intent=intent, resumed=resumed)
+        except GateFailed as exc:
             outcome = None
+            report = getattr(exc, "report", report)  # a resumed promotion's recorded verdict
+    # A resumed promotion released the bundle the interrupted run had staged; the version's tag names it.
+    bundle_sha = (outcome.release.manifest_sha256 if outcome is not None and outcome.release.manifest_sha256
+                  else built_sha)
     if outcome is None:
         reasons = [f"gate {r.name}: {r.reason}" for r in report.failures]
-        registry.set_version_tags(name, version, {"hybridtrain.governance.promotion": "not-promoted",
-                                                  "hybridtrain.promotion.reasons": "; ".join(reasons)})
     else:
+        report = outcome.report
         reasons = [f"promoted: {result.reason}"]
+    if resumed:
+        reasons.append(f"finished the promotion of v{version} that an interrupted run of run key {trained.run_key} "
+                       "had left unfinished")
     champ = registry.by_alias(name, CHAMPION)
     failed = [r.name for r in report.results if not r.passed]
     progress.report("promote", "verdict",
@@ -165,6 +196,7 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
                     + (f" ({', '.join(failed)})" if failed else "") + "; "
                     + (f"champion -> v{version}" + (f" (previous v{outcome.previous})" if outcome.previous else "")
                        if outcome is not None else f"champion stays {'v' + champ.version if champ else 'unset'}")
+                    + (" (resumed)" if resumed else "")
                     + f"; cost ${line.total_usd:.4f}", site=control_site(ws, sites).name, promoted=outcome is not None)
     return PromoteResult(
         model_name=name,
@@ -179,4 +211,16 @@ def promote(ws: Workspace, spec: JobSpec, run_id: str, trained: TrainOutput, cap
         bundle_sha256=bundle_sha,
         seconds=time.perf_counter() - started,
         pictures=pictures,
+        resumed=resumed,
     )
+
+
+def _earlier_record(registry: Registry, run_id: str | None) -> RunRecord | None:
+    """The cost record of the interrupted run that registered a resumed version; None when it stopped before
+    writing one (its cost is then unknown to the ledger, as before)."""
+    if not run_id:
+        return None
+    try:
+        return RunRecord.model_validate_json(registry.read_text(run_id, RUN_RECORD_ARTIFACT))
+    except Exception:  # noqa: BLE001 - MLflow raises many kinds for a missing artifact or run
+        return None

@@ -88,4 +88,6 @@ class PromoteResult(BaseModel):
     released_to: list[str] = Field(default_factory=list)
     bundle_sha256: str | None = None
     pictures: dict[str, str] = Field(default_factory=dict, description="Title -> PNG artifact path in the run.")
+    resumed: bool = Field(False, description="It finished the promotion of a version an interrupted run of the same "
+                                             "lifecycle (run key) had registered, instead of registering another.")
     seconds: float

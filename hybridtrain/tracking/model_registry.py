@@ -260,7 +260,11 @@ class Registry:
             info = log_record_model(model, feat, columns)
         return ModelRef(model_uri=info.model_uri, model_id=getattr(info, "model_id", None))
 
-    def register(self, model_uri: str, name: str, run_id: str, tags: dict[str, Any]) -> VersionInfo:
+    def register(self, model_uri: str, name: str, run_id: str, tags: dict[str, Any],
+                 creation_tags: dict[str, Any] | None = None) -> VersionInfo:
+        """The version of ``name`` registered from ``model_uri`` by ``run_id`` (made now, or the one made before),
+        tagged ``tags``; ``creation_tags`` only when made now, in the same call (a promotion mark: the version never
+        exists without it, and a version registered before never gets one again)."""
         from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
         try:
@@ -277,7 +281,8 @@ class Registry:
         # A LoggedModel source (models:/m-<id>) must name its model id: an MLflow server rejects it otherwise.
         model_id = model_uri.removeprefix("models:/") if model_uri.startswith("models:/m-") else None
         mv = self.client.create_model_version(
-            name, source=model_uri, run_id=run_id, tags={k: str(v) for k, v in tags.items()}, model_id=model_id
+            name, source=model_uri, run_id=run_id,
+            tags={k: str(v) for k, v in {**tags, **(creation_tags or {})}.items()}, model_id=model_id
         )
         return self.version(name, mv.version)
 
