@@ -18,7 +18,6 @@ from prefect.input import RunInput
 from pydantic import Field
 
 from flows.data import Prepared, prepare_data, sync_data
-from flows.federated import run_federated
 from flows.supervise import train_with_recovery
 from hybridtrain import stages
 from hybridtrain.cli.preflight import check_dataset
@@ -34,7 +33,6 @@ from orchestration.context import run_workspace
 from orchestration.dispatch import Mode, deployment_name, has_deployment, run_stage
 from orchestration.progress import bind_progress
 from tasks.burst import Relocation
-from tasks.federated import training_mode
 from tasks.placement import place
 from tasks.tracking import close_run, open_run, promote, record_data
 
@@ -146,6 +144,11 @@ def lifecycle(
     data_site = job.dataset.site
     try:
         if len(job.site_datasets()) > 1 or job.training.mode == "federated":
+            # Lazy: the federated path imports torch (3-4 s of CPU), which a lifecycle run that dispatches its
+            # stages to pools, and `prefect deploy` loading this entrypoint, never need.
+            from flows.federated import run_federated
+            from tasks.federated import training_mode
+
             mode = training_mode(ws, job)  # auto may still say centralized (one site)
             if mode.federated:
                 return run_federated(ws, job, mode, run_id, run_key or flow_run_id or run_id, dispatch, flow_run_id,
