@@ -15,7 +15,9 @@ when a run is created: the UI's form, ``prefect deployment run --param`` and ``r
 the parameter and no run exists (unless the form's *Validate parameters* switch is turned off for that run). A run
 stored with a number beyond 64 bits (``99999999999999999999``; on PostgreSQL also ``1e308``, kept as a 309-digit
 integer) makes every later flow-run listing of the server answer 500, the UI's run list included, until it is
-deleted (PrefectHQ/prefect#15031); a flow's own check runs too late for that. The checks stay: they give the
+deleted (PrefectHQ/prefect#15031); a flow's own check runs too late for that. The numbers inside a model-typed
+parameter (the lifecycle's ``spec`` form, a stage's ``approved`` version) get the 64-bit range where they have no
+bound of their own (``hybridtrain.specs.schema_bounds``). The checks stay: they give the
 one-line message, and cover calls that skip Prefect's validation (``validate_parameters=False``).
 """
 

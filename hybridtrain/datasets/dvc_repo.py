@@ -32,6 +32,7 @@ from fsspec.callbacks import Callback
 from pydantic import BaseModel, ConfigDict
 
 from hybridtrain.errors import DataError, Problem, SiteUnavailable, SpecError, TransientError
+from hybridtrain.specs.schema_bounds import bound_numbers
 
 Tier = Literal["raw", "curated", "approved"]
 #: A remote as its URL, or as a dvc remote section without secrets.
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 class DatasetVersion(BaseModel):
     """One content version of a DVC-tracked dataset, at a tier, held by a site's store."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, json_schema_extra=bound_numbers)  # a stage's form: see specs.schema_bounds
 
     path: str
     md5: str

@@ -40,10 +40,11 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hybridtrain.errors import HybridtrainError
 from hybridtrain.federated.rounds import load_state, state_bytes
+from hybridtrain.specs.schema_bounds import bound_numbers
 from hybridtrain.storage.object_store import ObjectStore
 
 SCALE_BITS = 32
@@ -72,6 +73,8 @@ class AttemptClosed(HybridtrainError):
 
 class SecureRound(BaseModel):
     """What a site needs to mask its update for one attempt of a round: who takes part, their rows and keys."""
+
+    model_config = ConfigDict(json_schema_extra=bound_numbers)  # a step's form: see specs.schema_bounds
 
     attempt: int = Field(1, ge=1, description="1, then one more each time a participant dropped before its masked "
                                               "update arrived.")

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hybridtrain.specs.schema_bounds import bound_numbers
 from hybridtrain.specs.sites import NAME_RE
 
 #: The most aggregation rounds a federated job may run (``training.federated.rounds``).
@@ -21,7 +22,7 @@ MAX_ROUNDS = 1000
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, json_schema_extra=bound_numbers)
 
 
 class DifferentialPrivacySpec(_Strict):

@@ -26,6 +26,7 @@ from hybridtrain.specs.federation import TrainingModeSpec
 from hybridtrain.specs.sites import NAME_RE, SitesCatalog
 from hybridtrain.specs.federation_checks import federation_problems
 from hybridtrain.specs.sweep import SweepSpec, sweep_problems
+from hybridtrain.specs.schema_bounds import bound_numbers
 
 API_VERSION = "hybridtrain/v1"
 MD5_RE = r"^[0-9a-f]{32}(\.dir)?$"
@@ -38,7 +39,7 @@ HIGHER_IS_BETTER = {"auc": True, "accuracy": True, "f1": True, "precision": True
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, json_schema_extra=bound_numbers)
 
 
 class ColumnType(StrEnum):

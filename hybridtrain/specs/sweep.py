@@ -31,6 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator, model_validator
 
 from hybridtrain.errors import Problem
+from hybridtrain.specs.schema_bounds import bound_numbers
 
 #: ModelSpec fields a sweep may vary, and the Python type each takes.
 TUNABLE: dict[str, type] = {
@@ -51,7 +52,7 @@ LOWER_IS_BETTER = frozenset({"train_loss", "val_log_loss"})
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, json_schema_extra=bound_numbers)
 
 
 def _not_a_bool(v: Any) -> Any:

@@ -33,10 +33,11 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hybridtrain.errors import HybridtrainError, Problem, SpecError
+from hybridtrain.specs.schema_bounds import bound_numbers
 from hybridtrain.specs.sweep import SweepSpec
 from hybridtrain.sweeps.registry import PRUNERS, SAMPLERS
 from hybridtrain.sweeps.space import SearchSpace
@@ -191,6 +192,8 @@ def _redact(url: str) -> str:
 
 class TrialTicket(BaseModel):
     """A trial the study handed out: its number, its id in the storage and its values (as stored)."""
+
+    model_config = ConfigDict(json_schema_extra=bound_numbers)  # a trial's form: see specs.schema_bounds
 
     number: int
     trial_id: int

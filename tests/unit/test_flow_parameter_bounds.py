@@ -1,4 +1,5 @@
-"""Every number a deployed flow takes has both bounds in its parameter schema (why: ``flows``' docstring).
+"""Every number a deployed flow takes, its forms' nested numbers included, has both bounds in its parameter schema
+(why: ``flows``' docstring; nested ones: ``hybridtrain.specs.schema_bounds``).
 
 The schema is the one ``prefect deploy`` computes for each entrypoint of deployments/prefect.yaml; the server refuses
 a run outside it (tests/flows/test_parameter_bounds.py). A new numeric parameter without bounds fails here.
@@ -18,9 +19,19 @@ UNBOUNDED: dict[str, set[str]] = {}
 INT64_MAX = 2**63 - 1
 
 
-def numbers(prop: dict) -> list[dict]:
-    """The integer/number schemas of one top-level parameter (``X | None`` is an ``anyOf``)."""
-    return [s for s in [prop, *prop.get("anyOf", [])] if s.get("type") in ("integer", "number")]
+def numbers(node, path: str = "") -> list[tuple[str, dict]]:
+    """Every integer/number schema in ``node`` with its path: top-level parameters (``X | None`` is an ``anyOf``),
+    and the fields of the models they take (the spec form's ``definitions``), dict values and list items too."""
+    found = []
+    if isinstance(node, dict):
+        if node.get("type") in ("integer", "number"):
+            found.append((path, node))
+        for key, value in node.items():
+            found.extend(numbers(value, f"{path}/{key}"))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found.extend(numbers(value, f"{path}[{i}]"))
+    return found
 
 
 @pytest.mark.parametrize("entrypoint", ENTRYPOINTS)
@@ -30,10 +41,11 @@ def test_every_number_a_deployed_flow_takes_is_bounded(entrypoint):
 
     schema = parameter_schema(load_flow_from_entrypoint(str(ROOT / entrypoint))).model_dump_for_openapi()
     unbounded = []
-    for name, prop in schema["properties"].items():
-        for s in numbers(prop):
-            low = s.get("minimum", s.get("exclusiveMinimum"))
-            high = s.get("maximum", s.get("exclusiveMaximum"))
-            if low is None or high is None or not -INT64_MAX <= low <= high <= INT64_MAX:
-                unbounded.append(name)
+    for path, s in numbers(schema):
+        low = s.get("minimum", s.get("exclusiveMinimum"))
+        high = s.get("maximum", s.get("exclusiveMaximum"))
+        if low is None or high is None or not -INT64_MAX <= low <= high <= INT64_MAX:
+            unbounded.append(path.removeprefix("/properties/").removeprefix("/"))
     assert sorted(unbounded) == sorted(UNBOUNDED.get(entrypoint, set()))
+    if entrypoint.endswith(":lifecycle"):  # the spec form's numbers are checked too, not only top-level ones
+        assert any(path.endswith("/max_hours") for path, _ in numbers(schema))
