@@ -112,7 +112,10 @@ def test_a_two_node_job_takes_gpus_on_two_hosts_and_a_waiting_job_starts_when_th
         done.set()
         first.join(60)
     second.join(60)
-    assert got["waited"] == {A: (0,)}
+    # One of the GPUs the first job gave back: they come free one slot at a time, and a waiter that looks (every 0.2 s)
+    # between two of them takes one freed so far, not always GPU 0 of host A (it once got A's GPU 1 under load).
+    (host, gpus), = got["waited"].items()
+    assert host in (A, B) and len(gpus) == 1 and gpus[0] in (0, 1), got["waited"]
 
 
 def hold_without_a_run(names: list[str]):
