@@ -14,6 +14,7 @@ its own trials. Prefect is imported inside the methods: importing the core stays
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,14 +32,19 @@ TRAIN_FLOW = "train-stage"
 GPU_FLOWS = (TRAIN_FLOW, "sweep-trial", "federated-round")
 PAGE = 200
 #: Tags that carry the placement decision with a queued train run, so the burst controller and every
-#: queue snapshot see the run as the engine planned it (hours, work queue), as the simulator does.
+#: queue snapshot see the run as the engine planned it (hours, work queue, due time), as the simulator does.
 RUN_HOURS_TAG = "hybridtrain.run_hours:"
 QUEUE_TIER_TAG = "hybridtrain.queue_tier:"
+DUE_TAG = "hybridtrain.due_at:"
 
 
-def decision_tags(run_hours: float, queue_tier: str) -> list[str]:
-    """The tags a train run is created with: the hours the engine planned it with and its work queue."""
-    return [f"{RUN_HOURS_TAG}{run_hours:.6g}", f"{QUEUE_TIER_TAG}{queue_tier}"]
+def decision_tags(run_hours: float, queue_tier: str, due_at: datetime | None = None) -> list[str]:
+    """The tags a train run is created with: the hours the engine planned it with, its work queue and,
+    when known, when it is due (its place in that queue, POSIX seconds)."""
+    tags = [f"{RUN_HOURS_TAG}{run_hours:.6g}", f"{QUEUE_TIER_TAG}{queue_tier}"]
+    if due_at is not None:
+        tags.append(f"{DUE_TAG}{due_at.timestamp():.0f}")
+    return tags
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,17 @@ class PoolRun:
             return float(raw) if raw is not None else None
         except ValueError:
             return None
+
+    @property
+    def due(self) -> float | None:
+        """When it is due (POSIX s: its deadline, or the end of its wait SLO), as its placement tagged
+        it; None without the tag (a run queued before the tag existed, or by hand)."""
+        raw = self._tag(DUE_TAG)
+        try:
+            value = float(raw) if raw is not None else None
+        except ValueError:
+            return None
+        return value if value is not None and math.isfinite(value) else None
 
     @property
     def tier(self) -> QueueTier:
@@ -159,7 +176,8 @@ class PrefectQueues:
 
     def snapshot(self, now: datetime | None = None) -> dict[str, QueueState]:
         """One ``QueueState`` per site, in GPU slots, with the backlog in arrival order: the runs of every flow
-        that trains on the site's GPUs (``gpu_flows``)."""
+        that trains on the site's GPUs (``gpu_flows``), each with its work queue and due time (a run
+        without a due tag counts as due after every run that has one)."""
         now = now or datetime.now(UTC)
         states: dict[str, QueueState] = {}
         by_pool = self.runs_by_pool([site.work_pool for site in self.sites.sites], self.gpu_flows)
@@ -169,7 +187,8 @@ class PrefectQueues:
             # Future-scheduled runs are not queued yet; only due ones compete for slots now.
             waiting = [r for r in runs if r.state != "RUNNING"
                        and (r.expected_start is None or r.expected_start <= now)]
-            backlog = tuple(QueuedRun(r.gpus, r.planned_hours, r.tier, r.limit_hours)
+            backlog = tuple(QueuedRun(r.gpus, r.planned_hours, r.tier, r.limit_hours,
+                                      r.due if r.due is not None else math.inf)
                             for r in sorted(waiting, key=lambda r: r.expected_start or now))
             running_runs = tuple(
                 QueuedRun(r.gpus, remaining_hours(r.planned_hours, r.limit_hours,
@@ -203,7 +222,8 @@ def request_of(run: PoolRun, now: datetime) -> ResourceRequest | None:
 
 
 def burst_inputs(runs: list[PoolRun], now: datetime) -> tuple[list[WaitingRun], list[RunningRun]]:
-    """The burst controller's view of one pool: waiting runs (arrival order) and running runs."""
+    """The burst controller's view of one pool: waiting runs (arrival order, each with its tagged work queue
+    and due time) and running runs."""
     waiting, running = [], []
     for r in sorted(runs, key=lambda r: r.expected_start or r.created or now):
         req = request_of(r, now)
@@ -220,5 +240,5 @@ def burst_inputs(runs: list[PoolRun], now: datetime) -> tuple[list[WaitingRun], 
             ))
         elif r.expected_start is None or r.expected_start <= now:
             enqueued = (r.expected_start or r.created or now).timestamp()
-            waiting.append(WaitingRun(r.run_id, req, enqueued_at=enqueued, tier=r.tier))
+            waiting.append(WaitingRun(r.run_id, req, enqueued_at=enqueued, tier=r.tier, due=r.due))
     return waiting, running

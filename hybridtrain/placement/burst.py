@@ -9,7 +9,7 @@ target; burst capacity is released when told. All the judgement is here, as a pu
 How a pass works:
 
 1. The pool is replayed as it hands out GPU slots (``admit``, higher-priority work queues first,
-   see ``QueueTier``) with the engine's own duration estimates. A waiting run that still meets
+   see ``QueueTier``, and within one the run due first) with the engine's own duration estimates. A waiting run that still meets
    its deadline (or, without one, starts within the policy's wait SLO) stays. For the first run
    in line that would not, the placement engine decides again with the run's expected wait at
    this site; if it picks another site the run moves, and the pool is replayed without it — one
@@ -38,6 +38,7 @@ waits and 6 of 8 GPUs are free → release.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -48,7 +49,7 @@ from hybridtrain.errors import NoFeasiblePlacement
 from hybridtrain.placement.cost_model import clock
 from hybridtrain.placement.decision import PlacementDecision
 from hybridtrain.placement.engine import Placement
-from hybridtrain.placement.queue_state import QueuedRun, QueueState, QueueTier, start_delays
+from hybridtrain.placement.queue_state import QueuedRun, QueueState, QueueTier, due_at, queue_key, start_delays
 from hybridtrain.placement.request import ResourceRequest
 from hybridtrain.placement.spot_market import SpotOutlook
 
@@ -60,7 +61,8 @@ class WaitingRun:
     ``expected_hours`` is how long the runs behind it should expect it to take (default: the
     request's ``run_hours``, the estimate the run is planned with — often a safer quantile).
     ``tier`` is the work queue it waits in (default: the one its request implies; an urgent run
-    was put in ``QueueTier.stay``).
+    was put in ``QueueTier.stay``). ``due`` is its place in that queue (``QueuedRun.due``; default:
+    its deadline, else submitted + the policy's wait SLO).
     """
 
     run_id: str
@@ -68,6 +70,7 @@ class WaitingRun:
     enqueued_at: float
     expected_hours: float | None = None
     tier: QueueTier | None = None
+    due: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +169,8 @@ def plan_bursts(
 ) -> BurstPlan:
     """One pass of the burst controller over the pool of ``site`` (see the module docstring).
 
-    ``waiting`` is the pool's queue in arrival order; ``others`` the queue states of the other
+    ``waiting`` is the pool's queue in arrival order (the pass orders it as the pool serves it:
+    ``queue_key``); ``others`` the queue states of the other
     sites, ``spot`` their outlooks. ``evict=False`` never stops running runs. ``margin_s`` is
     added to every predicted start: pass the time until the next pass, since a run that is fine
     now but late by then can no longer be helped then. It must be finite and >= 0 (``ValueError``):
@@ -177,7 +181,13 @@ def plan_bursts(
     slo_s = placement.policy.wait_slo_hours * 3600.0
     tier = {w.run_id: w.tier if w.tier is not None else placement.plan_for(w.request).tier
             for w in (*waiting, *running)}
-    queue = sorted(waiting, key=lambda w: tier[w.run_id])  # stable: arrival order within a tier
+    dues = {w.run_id: w.due if w.due is not None else due_at(w.request.deadline, w.request.submitted_at, slo_s)
+            for w in waiting}
+
+    def key(w: WaitingRun) -> tuple[int, float]:
+        return queue_key(tier[w.run_id], dues[w.run_id])
+
+    queue = sorted(waiting, key=key)  # stable: arrival order among equal dues
     on_slots = [QueuedRun(r.request.gpus, r.hours_left, tier[r.run_id], r.limit_hours_left) for r in running]
 
     def replay() -> list[float]:
@@ -224,7 +234,7 @@ def plan_bursts(
                 tier[run.run_id] = QueueTier.late
                 i -= 1
                 del queue[i]
-                queue.append(run)
+                queue.insert(bisect.bisect_right(queue, key(run), lo=i, key=key), run)  # by its due there
                 starts = replay()
                 continue
             if d.urgent:  # only starting here now makes it (or is cheapest): make room as for a run that must stay

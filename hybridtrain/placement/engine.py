@@ -34,7 +34,7 @@ from hybridtrain.placement.candidate import HEALTH_RULE, Cand, CandidateView, Co
 from hybridtrain.placement.cost_model import CostModel, Estimate
 from hybridtrain.placement.decision import PlacementDecision
 from hybridtrain.placement.policy import Policy, Verdict, capacity_options, option_price
-from hybridtrain.placement.queue_state import QueueState, QueueTier
+from hybridtrain.placement.queue_state import QueueState, QueueTier, due_at
 from hybridtrain.placement.request import GB, ResourceRequest
 from hybridtrain.placement.spot_market import SpotOutlook
 from hybridtrain.placement.strategy import Strategy
@@ -194,7 +194,7 @@ class Placement:
             team_cap = self._team_caps.get(request.team)
             if team_cap is not None:
                 cap = min(cap, team_cap - (team_spend or {}).get(request.team, 0.0))
-        due = request.deadline if request.deadline is not None else request.submitted_at + self._slo_s
+        due = due_at(request.deadline, request.submitted_at, self._slo_s)
         view = CandidateView(plan, conditions, request, now, due, self._slo_s, cap, self._restart_h)
         choice = strat.choose(view)
         if choice.pos < 0:

@@ -9,8 +9,11 @@ wait estimate). The pool has three work queues, one per ``QueueTier`` and scanne
 runs whose data may not leave, then runs that could only burst to on-demand capacity, then runs
 that could take spot — so the on-prem GPUs go to the runs that are most expensive (or
 impossible) to send elsewhere, and when the pool is overloaded the runs with the cheapest way
-out are the ones that wait and, once late, move. Waiting runs start in that order while they
-fit. The first run that does not fit gets a reservation — the time enough slots are sure to be
+out are the ones that wait and, once late, move. Within a work queue the run due first goes
+first (earliest deadline first; a run without a deadline is due at the end of its wait SLO,
+``QueuedRun.due``; equal dues in arrival order): a run whose deadline is days away waits behind
+one due this afternoon instead of pushing it late — or to the cloud. Waiting runs start in that
+order while they fit. The first run that does not fit gets a reservation — the time enough slots are sure to be
 free, from the running runs' hard limits — and later runs may start ahead of it only if they
 cannot delay it: they end (by their own hard limit) before the reservation, or use slots it does
 not need (EASY backfilling). A large run is therefore never starved by a stream of small ones.
@@ -56,12 +59,32 @@ class QueuedRun:
     hours: float
     tier: QueueTier = QueueTier.on_demand
     limit_hours: float | None = None  # None: the estimate is the limit
+    #: when it is due (POSIX s): its deadline, else the end of its wait SLO (``due_at``); inf: after
+    #: every run of its work queue that has a due time (arrival order among those)
+    due: float = math.inf
 
     @property
     def limit(self) -> float:
         """Hard-limit hours (never below the estimate)."""
         lim = self.limit_hours
         return self.hours if lim is None or lim < self.hours else lim
+
+
+def due_at(deadline: float | None, submitted_at: float, wait_slo_s: float) -> float:
+    """When a run is due, the order within its work queue: its deadline, or — without one — the
+    end of its wait SLO (submitted + the policy's ``wait_slo_hours``)."""
+    return deadline if deadline is not None else submitted_at + wait_slo_s
+
+
+def queue_key(tier: QueueTier, due: float) -> tuple[int, float]:
+    """Where a run stands in the pool's line: its work queue, then its due time (sort stably, so
+    equal dues stay in arrival order)."""
+    return (int(tier), due)
+
+
+def in_queue_order(runs: Sequence[QueuedRun]) -> list[QueuedRun]:
+    """``runs`` (in arrival order) in the order the pool serves them: ``queue_key``."""
+    return sorted(runs, key=lambda r: queue_key(r.tier, r.due))
 
 
 #: Waiting runs looked at for backfilling per scheduling pass (as Slurm's ``bf_max_job_test``).
@@ -85,7 +108,7 @@ def admit(
     reserved: int = 0,
     order: Sequence[int] | None = None,
 ) -> list[int]:
-    """Which waiting runs start at ``now``: indices into ``queue`` (tier-then-arrival order).
+    """Which waiting runs start at ``now``: indices into ``queue`` (in queue order, ``in_queue_order``).
 
     ``running`` are the runs on the slots. ``reserved`` slots are headroom for
     ``QueueTier.stay`` runs: any other run starts only if it leaves that many slots free. Runs
@@ -150,7 +173,7 @@ def start_delays(
     """Seconds until each run of ``queue`` starts, replaying ``admit`` over the estimated durations.
 
     ``running`` holds the runs on the slots with their estimated (and limit) hours left; ``queue``
-    is in tier-then-arrival order. A run that can never fit never starts (``math.inf``). With
+    is in queue order (``in_queue_order``). A run that can never fit never starts (``math.inf``). With
     ``until=i`` the replay stops once run ``i`` has started.
     """
     out = [math.inf] * len(queue)
@@ -183,7 +206,7 @@ def start_delays(
 
 def start_delay(slots: int, running: Sequence[QueuedRun], backlog: Sequence[QueuedRun], run: QueuedRun,
                 reserved: int = 0) -> float:
-    """Seconds until ``run``, queued behind ``backlog`` (tier-then-arrival order), starts."""
+    """Seconds until ``run``, queued behind ``backlog`` (in queue order), starts."""
     queue = (*backlog, run)
     return start_delays(slots, running, queue, reserved=reserved, until=len(queue) - 1)[-1]
 
@@ -209,7 +232,7 @@ class QueueState:
     pending: int = 0
     late: int = 0
     running: int = 0
-    backlog: tuple[QueuedRun, ...] | None = None  # waiting runs, in arrival order (any tiers)
+    backlog: tuple[QueuedRun, ...] | None = None  # waiting runs, in arrival order (any tiers, any dues)
     running_runs: tuple[QueuedRun, ...] | None = None
     default_run_hours: float = 1.0
     expected_wait_s: float | None = None
@@ -227,8 +250,12 @@ class QueueState:
     def wait_s(self, gpus: int, tier: QueueTier = QueueTier.on_demand, hours: float = 1.0,
                limit_hours: float | None = None) -> float:
         """Expected seconds before a new run (``gpus`` slots, ``hours`` estimated, ``limit_hours`` hard
-        limit) of queue ``tier`` starts here. It waits behind the runs of its own and higher tiers;
-        its limit matters only for backfilling. Cached per argument set."""
+        limit) of queue ``tier`` starts here. It waits behind the runs of its own and higher tiers,
+        whatever their due times: a run due sooner goes ahead of the runs already waiting, but the
+        runs that arrive after it may in turn go ahead of it, so counting only the runs due before
+        it would promise a start the queue rarely keeps (measured: more deadlines missed and more
+        money spent, see the README's *Reading the comparison*). Its limit matters only for
+        backfilling. Cached per argument set."""
         key = (gpus, int(tier), hours, limit_hours)
         cached = self._waits.get(key)
         if cached is not None:
@@ -237,7 +264,7 @@ class QueueState:
             wait = self.expected_wait_s if gpus <= self.gpu_slots - (0 if tier is QueueTier.stay else self.reserved_slots) else math.inf
         else:
             if self.backlog is not None and self.running_runs is not None:
-                ahead = sorted((r for r in self.backlog if r.tier <= tier), key=lambda r: r.tier)
+                ahead = in_queue_order([r for r in self.backlog if r.tier <= tier])
                 wait = start_delay(self.gpu_slots, self.running_runs, ahead, QueuedRun(gpus, hours, tier, limit_hours),
                                    self.reserved_slots)
             elif gpus > self.gpu_slots - (0 if tier is QueueTier.stay else self.reserved_slots):
@@ -256,9 +283,10 @@ class QueueState:
         """Expected seconds before a new run put in the first queue (``QueueTier.stay``, as an
         urgent run is) starts here if every running run that may be stopped for it were stopped.
 
-        It still waits for what nothing may stop: the runs already in the first queue ahead of it
-        and the running runs of that tier (data that may not leave, urgent runs). 0 when the
-        snapshot has no per-run detail (counts only, or a bare expected wait). Cached.
+        It still waits for what nothing may stop: the runs already in the first queue (as in
+        ``wait_s``, whatever their due times) and the running runs of that tier (data that may not
+        leave, urgent runs). 0 when the snapshot has no per-run detail (counts only, or a bare
+        expected wait). Cached.
         """
         if self.expected_wait_s is not None or self.backlog is None or self.running_runs is None:
             return 0.0
@@ -268,7 +296,8 @@ class QueueState:
             stay = QueueTier.stay
             cached = self._waits[key] = start_delay(
                 self.gpu_slots, [r for r in self.running_runs if r.tier is stay],
-                [r for r in self.backlog if r.tier is stay], QueuedRun(gpus, hours, stay, limit_hours))
+                in_queue_order([r for r in self.backlog if r.tier is stay]),
+                QueuedRun(gpus, hours, stay, limit_hours))
         return cached
 
     @classmethod

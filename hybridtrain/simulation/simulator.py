@@ -54,6 +54,7 @@ from hybridtrain.placement.queue_state import (
     QueueTier,
     Slot,
     admit,
+    due_at,
     remaining_hours,
 )
 from hybridtrain.placement.request import GB, DataTier, ResourceRequest
@@ -100,6 +101,7 @@ class Contender:
     controller: bool = False  # run the burst controller
     controller_interval_s: float = 600.0
     tiered_queues: bool = False  # one on-prem work queue per QueueTier (else a single queue)
+    due_first: bool = True  # each work queue serves the run due first (else arrival order)
     stay_reserve: int = 0  # on-prem headroom kept for runs whose data may not leave
     evict: bool = False  # the controller may stop running runs that could leave, for ones that cannot
     spot_rule: SpotRule = field(default_factory=UniformProgress)
@@ -264,6 +266,7 @@ class _Queued:
     expected_h: float = 0.0  # the engine's expected hours, as others in the queue see this run
     done_h: float = 0.0  # work already done and checkpointed (after an eviction)
     cancelled: bool = False
+    due: float = math.inf  # its place in its work queue (``QueuedRun.due``), set when queued
 
 
 class Simulation:
@@ -282,6 +285,7 @@ class Simulation:
         self.reserved = contender.stay_reserve
         self.onprem_price = scenario.site(scenario.onprem).gpu_hour_price
         self.data_site = scenario.data_site or scenario.onprem
+        self.slo_s = scenario.policy.wait_slo_hours * 3600.0
         self.free = self.capacity
         self.running: dict[str, tuple[_Queued, float, float, int]] = {}  # id → (entry, start, est hours, token)
         self.queues: list[deque[_Queued]] = [deque() for _ in QueueTier]
@@ -322,7 +326,8 @@ class Simulation:
                               running=len(self.running))
         return QueueState(
             self.sc.onprem, self.capacity, used, self.reserved, scheduled=self.waiting, running=len(self.running),
-            backlog=tuple(QueuedRun(e.job.gpus, max(e.expected_h - e.done_h, 0.01), e.tier, e.request.max_run_hours)
+            backlog=tuple(QueuedRun(e.job.gpus, max(e.expected_h - e.done_h, 0.01), e.tier, e.request.max_run_hours,
+                                    e.due)
                           for q in self.queues for e in q if not e.cancelled),
             running_runs=self.running_runs(t),
         )
@@ -385,12 +390,21 @@ class Simulation:
         return self.estimator.estimate(job.declared_hours, job.job_class, q, family=job.family)
 
     def enqueue(self, t: float, job: SimJob, req: ResourceRequest, tier: QueueTier) -> None:
-        self.queues[tier].append(_Queued(job, req, t, tier, self.expected(job)))
+        self.put(_Queued(job, req, t, tier, self.expected(job)))
         self.waiting += 1
         self.start_ready(t)
         if self.ct.controller and self.waiting and self.next_tick == math.inf:
             self.next_tick = t + self.ct.controller_interval_s
             self.push(self.next_tick, "tick", None)
+
+    def put(self, e: _Queued) -> None:
+        """Queue ``e`` in its tier's work queue by its due time (``queue_key``: after the runs due no later)."""
+        e.due = due_at(e.request.deadline, e.request.submitted_at, self.slo_s) if self.ct.due_first else math.inf
+        q = self.queues[e.tier]
+        k = len(q)
+        while k > 0 and q[k - 1].due > e.due:
+            k -= 1
+        q.insert(k, e)
 
     def start_ready(self, t: float) -> None:
         """Start the waiting runs the pool's rule (``admit``) lets start now."""
@@ -405,7 +419,7 @@ class Simulation:
                         break
         slots = [Slot(start + e.request.max_run_hours * 3600.0, e.job.gpus, e.tier)
                  for e, start, _, _ in self.running.values()]
-        runs = [QueuedRun(e.job.gpus, e.request.run_hours, e.tier, e.request.max_run_hours) for e in waiting]
+        runs = [QueuedRun(e.job.gpus, e.request.run_hours, e.tier, e.request.max_run_hours, e.due) for e in waiting]
         chosen = admit(t, self.capacity, slots, runs, self.reserved)
         for i in chosen:
             e = waiting[i]
@@ -449,7 +463,8 @@ class Simulation:
         waiting = [e for q in self.queues for e in q if not e.cancelled]
         if not waiting:
             return False
-        runs = [WaitingRun(e.job.id, e.request, e.enqueued + self.offset, max(e.expected_h - e.done_h, 0.01), e.tier)
+        runs = [WaitingRun(e.job.id, e.request, e.enqueued + self.offset, max(e.expected_h - e.done_h, 0.01), e.tier,
+                           e.due)
                 for e in waiting]
         by_id = {e.job.id: e for e in waiting}
         running = []
@@ -467,13 +482,13 @@ class Simulation:
             e = by_id.get(rid)
             if e is not None and e.tier is not QueueTier.stay and not e.cancelled:
                 e.cancelled = True  # an urgent run goes to the first queue
-                self.queues[QueueTier.stay].append(_Queued(e.job, e.request, e.enqueued, QueueTier.stay,
+                self.put(_Queued(e.job, e.request, e.enqueued, QueueTier.stay,
                                                            e.expected_h, e.done_h))
         for rid in plan.demoted:
             e = by_id[rid]
             if not e.cancelled:
                 e.cancelled = True  # late anyway: to the last queue
-                self.queues[QueueTier.late].append(_Queued(e.job, e.request, e.enqueued, QueueTier.late,
+                self.put(_Queued(e.job, e.request, e.enqueued, QueueTier.late,
                                                            e.expected_h, e.done_h))
         for move in plan.moves:
             e = by_id[move.run_id]
@@ -503,7 +518,7 @@ class Simulation:
         req = entry.request
         left = replace(req, run_hours=max(req.run_hours - kept_h, 0.01), max_run_hours=max(req.max_run_hours - kept_h, 0.01))
         if to is None:
-            self.queues[entry.tier].appendleft(_Queued(job, left, entry.enqueued, entry.tier, entry.expected_h, done_h))
+            self.put(_Queued(job, left, entry.enqueued, entry.tier, entry.expected_h, done_h))
             self.waiting += 1
         else:
             self.run_cloud(t, job, left, to[0], to[1], moved=True, done_h=done_h)

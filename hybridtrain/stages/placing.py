@@ -23,6 +23,7 @@ from hybridtrain.placement.burst import pass_now
 from hybridtrain.placement.duration_estimator import PLAN_QUANTILE, HistoryQuantile
 from hybridtrain.placement.engine import Placement
 from hybridtrain.placement.policy import Policy
+from hybridtrain.placement.queue_state import due_at
 from hybridtrain.placement.request import request_from_spec
 from hybridtrain.remote.site_health import check_site
 from hybridtrain.stages.site_access import audit
@@ -44,6 +45,8 @@ class PlacementOutcome(BaseModel):
     queue_tier: str
     queue_wait_s: float
     run_hours: float
+    #: when the run is due, its place in the pool's work queue (its deadline, else the end of its wait SLO)
+    due_at: datetime | None = None
     urgent: bool = False  # only an immediate on-prem start makes the deadline: room is made for it
     late: bool = False  # stays on-prem late: a rescue costs more than the policy says a deadline is worth
     controller_pass: bool = False  # run a burst-controller pass as soon as the run is queued (``burst.pass_now``)
@@ -138,6 +141,8 @@ def place(ws: Workspace, spec: JobSpec, dataset_bytes: int, queues: dict | None,
         queue_tier=decision.queue_tier.name,
         queue_wait_s=decision.queue_wait_s,
         run_hours=request.run_hours,
+        due_at=datetime.fromtimestamp(due_at(request.deadline, request.submitted_at, policy.wait_slo_hours * 3600.0),
+                                      UTC),
         urgent=decision.urgent,
         late=decision.late,
         controller_pass=pass_now(decision),

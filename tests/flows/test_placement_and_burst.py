@@ -42,7 +42,7 @@ def env(prefect_server, pseudonym_key, tmp_path_factory):
 
 
 def make_run(env, spec_name: str, *, running: bool, minutes_ago: int = 5, deployment: str = "train-stage/onprem",
-             spec=None, **extra):
+             spec=None, tags=None, **extra):
     from prefect.client.orchestration import get_client
     from prefect.states import Running, Scheduled
 
@@ -54,7 +54,8 @@ def make_run(env, spec_name: str, *, running: bool, minutes_ago: int = 5, deploy
     with get_client(sync_client=True) as client:
         dep = client.read_deployment_by_name(deployment)
         when = datetime.now(UTC) - timedelta(minutes=minutes_ago)
-        fr = client.create_flow_run_from_deployment(dep.id, parameters=params, state=Scheduled(scheduled_time=when))
+        fr = client.create_flow_run_from_deployment(dep.id, parameters=params, state=Scheduled(scheduled_time=when),
+                                                    tags=tags)
         if running:
             client.set_flow_run_state(fr.id, Running(), force=True)
     return str(fr.id)
@@ -143,6 +144,21 @@ def test_lifecycle_bursts_when_the_onprem_pool_is_full(env, filled_pool):
     tags = Registry(env["ws"].tracking_uri).client.get_run(summary.mlflow_run_id).data.tags
     assert tags["hybridtrain.placement.site"] == "cloud-eu"
     assert tags["hybridtrain.placement.meets_deadline"] == "true"
+
+
+def test_the_queue_snapshot_reads_each_waiting_runs_place_in_line(env, filled_pool):
+    """Runs carry their placement's due time as a tag; the snapshot's backlog keeps it (a run without the tag is
+    due after every run that has one), so a new run's wait is computed over the pool's real line."""
+    from orchestration.queues import PrefectQueues, decision_tags
+
+    soon = datetime.now(UTC) + timedelta(hours=1)
+    make_run(env, "filler", running=False, minutes_ago=10, tags=decision_tags(4.0, "on_demand", soon + timedelta(days=2)))
+    make_run(env, "filler", running=False, minutes_ago=9, tags=decision_tags(4.0, "on_demand", soon))
+    make_run(env, "filler", running=False, minutes_ago=8)
+    backlog = PrefectQueues(env["ws"].load_sites()).snapshot()["onprem-dc1"].backlog
+    assert [round(r.due) if r.due != float("inf") else None for r in backlog] == [
+        round((soon + timedelta(days=2)).timestamp()), round(soon.timestamp()), None]
+    assert [r.hours for r in backlog] == [4.0, 4.0, 4.0]
 
 
 def test_burst_controller_moves_late_runs_and_holds_data_that_may_not_leave(env, filled_pool):

@@ -114,3 +114,18 @@ def test_release_when_the_queue_has_drained(engine):
     p = plan(engine, [], full_pool()[:2])
     assert p.release and "6 of 8 GPUs free" in p.release_reason
     assert not plan(engine, [], full_pool()).release
+
+
+def test_the_replay_serves_the_run_due_first_within_a_work_queue(engine):
+    """A wide run due in two days arrived first; a short one due in 3.5 h behind it. Served in arrival
+    order the short one would start only after the wide one (at 4 h) and miss; served due-first it
+    starts at 2 h and the wide one after it, both on time: nothing moves."""
+    wide = req("wide", hours=2.0, due_h=48.0, gpus=8)
+    short = req("short", hours=1.0, due_h=3.5)
+    p = plan(engine, [wide, short], full_pool())
+    assert not p.moves and not p.evictions and not p.demoted
+    # a due time given with the run (its placement's tag) is its place in line: the wide run tagged as
+    # due first goes first again, and the short one is late and moves
+    tagged = plan_bursts(engine, "onprem-dc1", [WaitingRun("wide", wide, NOW, due=NOW), WaitingRun("short", short, NOW)],
+                         now=NOW, gpu_slots=8, running=full_pool())
+    assert [m.run_id for m in tagged.moves] == ["short"]

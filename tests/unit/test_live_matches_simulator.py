@@ -20,7 +20,7 @@ from hybridtrain import stages
 from hybridtrain.placement.burst import WaitingRun, pass_now, plan_bursts
 from hybridtrain.placement.engine import Placement
 from hybridtrain.placement.policy import Policy
-from hybridtrain.placement.queue_state import QueueTier
+from hybridtrain.placement.queue_state import QueueTier, due_at
 from hybridtrain.placement.request import request_from_spec
 from hybridtrain.simulation.comparison import SIM_POLICY, default_scenario
 from hybridtrain.simulation.simulator import REFERENCE_EPOCH, Simulation, our_policy
@@ -108,6 +108,9 @@ def test_the_live_placement_takes_the_simulators_decision(scenario, ws, case):
         d.site, d.capacity_class.value, d.urgent, d.late, d.queue_tier.name)
     assert live.controller_pass == pass_now(d)
     assert live.cost_usd == pytest.approx(d.cost_usd)
+    # its place in the pool's work queue: the due time the simulated pool queues it by
+    slo_s = Policy.load(ws.policy_file).wait_slo_hours * H
+    assert live.due_at.timestamp() == pytest.approx(due_at(req.deadline, req.submitted_at, slo_s))
     if case == "urgent":
         assert live.controller_pass and live.queue_tier == "stay"
     if case == "capped":
@@ -134,14 +137,17 @@ def test_the_live_controller_sees_the_runs_as_the_simulator_does(scenario, ws):
     now = datetime.fromtimestamp(now_s, UTC)
     spec = spec_like(probe)
     d = sim["decision"]
+    due = due_at(d.request.deadline, d.request.submitted_at, Policy.load(ws.policy_file).wait_slo_hours * H)
     # the probe waiting in the pool as the lifecycle queued it, and one untagged run queued before tags existed
     runs = [PoolRun(run_id="probe", state="SCHEDULED", state_name="Scheduled", spec=spec,
                     parameters={"approved": {"size": probe.dataset_bytes}}, expected_start=now, started=None,
-                    deployment_id=None, created=now, tags=tuple(decision_tags(d.request.run_hours, d.queue_tier.name)))]
+                    deployment_id=None, created=now,
+                    tags=tuple(decision_tags(d.request.run_hours, d.queue_tier.name, datetime.fromtimestamp(due, UTC))))]
     waiting, running = burst_inputs(runs, now)
     (w,) = waiting
     assert not running
     assert w.request.run_hours == pytest.approx(sim["request"].run_hours) and w.tier is d.queue_tier
+    assert w.due == pytest.approx(due)
     engine_live = Placement(ws.load_sites(), Policy.load(ws.policy_file))
     sim_engine = Simulation(scenario, our_policy()).engine
     kw = {"now": now_s, "gpu_slots": 2, "running": [], "margin_s": 600.0}
@@ -153,4 +159,4 @@ def test_the_live_controller_sees_the_runs_as_the_simulator_does(scenario, ws):
     assert live_plan.release == sim_plan.release
     untagged = PoolRun(run_id="old", state="SCHEDULED", state_name="Scheduled", spec=spec, parameters={},
                        expected_start=now, started=None, deployment_id=None, created=now)
-    assert untagged.tier is QueueTier.on_demand and untagged.run_hours is None
+    assert untagged.tier is QueueTier.on_demand and untagged.run_hours is None and untagged.due is None

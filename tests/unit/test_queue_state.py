@@ -12,6 +12,8 @@ from hybridtrain.placement.queue_state import (
     QueueTier,
     Slot,
     admit,
+    due_at,
+    in_queue_order,
     remaining_hours,
     start_delays,
 )
@@ -55,6 +57,32 @@ def test_tiers_wait_only_behind_their_own_and_higher_tiers():
     assert q.wait_s(1, QueueTier.stay) == pytest.approx(1 * H)
     assert q.wait_s(1, QueueTier.on_demand) == pytest.approx(1 * H)  # second slot frees at 1 h too
     assert q.wait_s(1, QueueTier.spot) == pytest.approx(3 * H)
+
+
+def test_a_work_queue_serves_the_run_due_first():
+    """Tiers first; within a tier the earliest due time, equal dues and runs without one in arrival order."""
+    arrived = [QueuedRun(1, 1.0, QueueTier.on_demand, due=100.0), QueuedRun(1, 2.0, QueueTier.on_demand, due=50.0),
+               QueuedRun(1, 3.0, QueueTier.spot, due=10.0), QueuedRun(1, 4.0, QueueTier.on_demand),
+               QueuedRun(1, 5.0, QueueTier.stay, due=1000.0), QueuedRun(1, 6.0, QueueTier.on_demand, due=50.0),
+               QueuedRun(1, 7.0, QueueTier.on_demand)]
+    assert [r.hours for r in in_queue_order(arrived)] == [5.0, 2.0, 6.0, 1.0, 4.0, 7.0, 3.0]
+    # the pool hands its two free slots out in that order
+    line = in_queue_order(arrived)
+    assert [line[i].hours for i in admit(0.0, 2, [], line)] == [5.0, 2.0]
+
+
+def test_due_is_the_deadline_or_the_end_of_the_wait_slo():
+    assert due_at(5000.0, 1000.0, 4 * H) == 5000.0
+    assert due_at(None, 1000.0, 4 * H) == 1000.0 + 4 * H
+
+
+def test_a_new_run_expects_to_wait_behind_every_run_of_its_tier_whatever_their_dues():
+    """Runs arriving later may still go ahead of it, so its wait counts the whole line, not only the runs
+    due before it (a run due sooner than the whole line still waits for it)."""
+    running = (QueuedRun(1, 1.0, limit_hours=1.0),)
+    line = (QueuedRun(1, 3.0, due=1e12), QueuedRun(1, 3.0, due=2e12))
+    q = QueueState("s", 1, 1, backlog=line, running_runs=running)
+    assert q.wait_s(1, QueueTier.on_demand, 1.0) == pytest.approx(7 * H)
 
 
 def test_counts_only_spreads_the_work_ahead_over_the_slots():

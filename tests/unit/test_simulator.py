@@ -161,3 +161,24 @@ def test_comparison_end_to_end_on_a_small_trace(tmp_path):
     assert {p.name: p.read_bytes() for p in paths} == before
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(before)  # no temporaries left
     assert math.isfinite(report.targets["cost_ratio"])
+
+
+def test_the_simulated_pool_serves_the_run_due_first():
+    """One GPU busy for 2 h; A (due in two days) arrives before B (due 3.5 h after it arrives). The pool
+    serves B first and both make it; in arrival order (``due_first=False``) B starts last and misses."""
+    h = 3600.0
+
+    def job(name, arrival_h, hours, deadline_h=None):
+        return SimJob(name, arrival_h * h, 1, hours, hours, "production", Sensitivity.internal,
+                      None if deadline_h is None else (arrival_h + deadline_h) * h, 10**9, 0, 1800.0)
+
+    jobs = [job("x", 0.0, 2.0), job("a", 0.1, 1.0, 48.0), job("b", 0.2, 1.0, 3.5)]
+    scenario = default_scenario(1)
+    onprem = contenders(threshold_limits=())[0]
+    assert onprem.name == "onprem_fifo" and onprem.due_first
+    by = {o.job.id: o for o in Simulation(scenario, onprem).run(jobs)}
+    assert by["b"].start == pytest.approx(2 * h) and by["a"].start == pytest.approx(3 * h)
+    assert not by["a"].missed and not by["b"].missed
+    fifo = {o.job.id: o for o in Simulation(scenario, dataclasses.replace(onprem, due_first=False)).run(jobs)}
+    assert fifo["a"].start == pytest.approx(2 * h) and fifo["b"].start == pytest.approx(3 * h) and fifo["b"].missed
+
