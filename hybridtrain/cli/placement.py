@@ -326,11 +326,13 @@ def simulate(
         wide().print(report_table(r))
         if r.spend:
             wide().print(spend_table(r))
-        t = r.targets
+        t, tu = r.targets, r.tuning
+        at_gpus = f" at {tu.capacity} GPUs (the same load)" if tu.capacity and tu.capacity != r.capacity else ""
+        worth = f", a deadline worth ${tu.miss_above_usd:g}" if tu.miss_above_usd is not None else ""
         console.print(
             f"spot traces: {', '.join(f'{k} ← {Path(v).name}' for k, v in r.spot_traces.items())}; "
-            f"tuned on the first half: duration quantile {r.tuning.quantile} for the run itself, "
-            f"{r.tuning.queue_quantile or r.tuning.quantile} for the runs behind it\n"
+            f"tuned on the first half{at_gpus}: duration quantile {tu.quantile} for the run itself, "
+            f"{tu.queue_quantile or tu.quantile} for the runs behind it{worth}\n"
             f"at our {t['misses']} misses, threshold burst costs ${t['reference_usd']:,.0f} ({t['reference_basis']}): "
             f"cost ×{t['cost_ratio']:.2f} (≤ {t['cost_target']:.2f}: {_ok(t['cost_ok'])}; ×{t['best_family_ratio']:.2f} "
             f"the cheapest family, {t['best_family']}), cloud ×{t['cloud_ratio']:.2f} "

@@ -17,6 +17,7 @@ from hybridtrain.simulation.comparison import (
     replay,
     run_comparison,
     split,
+    tuning_scenario,
     write_outputs,
 )
 from hybridtrain.simulation.simulator import Contender, Outcome, Simulation, contenders, our_policy
@@ -182,3 +183,16 @@ def test_the_simulated_pool_serves_the_run_due_first():
     fifo = {o.job.id: o for o in Simulation(scenario, dataclasses.replace(onprem, due_first=False)).run(jobs)}
     assert fifo["a"].start == pytest.approx(2 * h) and fifo["b"].start == pytest.approx(3 * h) and fifo["b"].missed
 
+
+def test_the_tuning_half_is_replayed_at_the_report_halfs_load(jobs):
+    """The first half of the pod trace is lighter; the tuning replays it on a pool sized so that it asks for
+    the same multiple of the pool's GPUs as the report half does (else a deadline value looks free)."""
+    tune_jobs, report = split(jobs)
+    scenario = default_scenario(10)
+    load = demand_gpus(report) / 10
+    tuned_on = tuning_scenario(scenario, tune_jobs, demand_gpus(report))
+    assert tuned_on.capacity < scenario.capacity
+    assert abs(demand_gpus(tune_jobs) / tuned_on.capacity - load) <= abs(demand_gpus(tune_jobs) / scenario.capacity - load)
+    assert tuned_on.capacity == round(demand_gpus(tune_jobs) / load)
+    assert [s.name for s in tuned_on.sites] == [s.name for s in scenario.sites] and tuned_on.policy == scenario.policy
+    assert tuning_scenario(scenario, report, demand_gpus(report)) is scenario  # same load: the same scenario
