@@ -501,7 +501,7 @@ def tuning_scenario(scenario: Scenario, tune_jobs: Sequence[SimJob], report_dema
     """The scenario the tuning half is replayed on: the same sites with an on-prem pool sized so that
     the tuning half asks for the same multiple of its GPUs as the report half does of ``scenario``'s.
 
-    The first half of a trace is usually lighter (the pod trace's first half asks 0.79× the GPUs of
+    The first half of a trace is usually lighter (the pod trace's first half asks 0.80× the GPUs of
     the second), and at a lighter load a deadline value looks free: on seed 2024's loose tuning half
     at the report's 10 GPUs, $10 missed 1 deadline against the reference's 3, then 14–27 against
     2–13 on the five report halves; at 8 GPUs every setting with a deadline value misses 6–49
