@@ -9,8 +9,8 @@ target; burst capacity is released when told. All the judgement is here, as a pu
 How a pass works:
 
 1. The pool is replayed as it hands out GPU slots (``admit``, higher-priority work queues first,
-   see ``QueueTier``, and within one the run due first) with the engine's own duration estimates. A waiting run that still meets
-   its deadline (or, without one, starts within the policy's wait SLO) stays. For the first run
+   see ``QueueTier``, and within one the run due first) with the engine's own duration estimates.
+   A waiting run that still meets its deadline (or, without one, starts within the policy's wait SLO) stays. For the first run
    in line that would not, the placement engine decides again with the run's expected wait at
    this site; if it picks another site the run moves, and the pool is replayed without it — one
    move can save the runs behind it — before the next at-risk run is looked at.

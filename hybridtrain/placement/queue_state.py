@@ -13,8 +13,8 @@ out are the ones that wait and, once late, move. Within a work queue the run due
 first (earliest deadline first; a run without a deadline is due at the end of its wait SLO,
 ``QueuedRun.due``; equal dues in arrival order): a run whose deadline is days away waits behind
 one due this afternoon instead of pushing it late — or to the cloud. Waiting runs start in that
-order while they fit. The first run that does not fit gets a reservation — the time enough slots are sure to be
-free, from the running runs' hard limits — and later runs may start ahead of it only if they
+order while they fit. The first run that does not fit gets a reservation — the time enough slots
+are sure to be free, from the running runs' hard limits — and later runs may start ahead of it only if they
 cannot delay it: they end (by their own hard limit) before the reservation, or use slots it does
 not need (EASY backfilling). A large run is therefore never starved by a stream of small ones.
 A pool may keep ``reserved_slots`` of headroom for runs whose data may not leave: any other run
@@ -254,7 +254,7 @@ class QueueState:
         whatever their due times: a run due sooner goes ahead of the runs already waiting, but the
         runs that arrive after it may in turn go ahead of it, so counting only the runs due before
         it would promise a start the queue rarely keeps (measured: more deadlines missed and more
-        money spent, see the README's *Reading the comparison*). Its limit matters only for
+        money spent: the README's *The run due first goes first*). Its limit matters only for
         backfilling. Cached per argument set."""
         key = (gpus, int(tier), hours, limit_hours)
         cached = self._waits.get(key)
