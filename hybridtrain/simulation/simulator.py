@@ -482,14 +482,12 @@ class Simulation:
             e = by_id.get(rid)
             if e is not None and e.tier is not QueueTier.stay and not e.cancelled:
                 e.cancelled = True  # an urgent run goes to the first queue
-                self.put(_Queued(e.job, e.request, e.enqueued, QueueTier.stay,
-                                                           e.expected_h, e.done_h))
+                self.put(_Queued(e.job, e.request, e.enqueued, QueueTier.stay, e.expected_h, e.done_h))
         for rid in plan.demoted:
             e = by_id[rid]
             if not e.cancelled:
                 e.cancelled = True  # late anyway: to the last queue
-                self.put(_Queued(e.job, e.request, e.enqueued, QueueTier.late,
-                                                           e.expected_h, e.done_h))
+                self.put(_Queued(e.job, e.request, e.enqueued, QueueTier.late, e.expected_h, e.done_h))
         for move in plan.moves:
             e = by_id[move.run_id]
             e.cancelled = True
