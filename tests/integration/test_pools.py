@@ -112,6 +112,14 @@ def test_preprocess_on_prem_train_in_the_cloud(pools):
                      and client.read_flow(fr.flow_id).name == "train-stage")
         logs = [log.message for log in client.read_logs(
             log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[train.id])), limit=200)]
+    # The train run the lifecycle queued carries its placement, due time included (churn.yaml: due 6 h after
+    # it was placed), as the burst controller and every queue snapshot read it.
+    from orchestration.queues import PoolRun
+
+    tagged = PoolRun(str(train.id), "COMPLETED", "Completed", None, {}, None, None, None, tags=tuple(train.tags))
+    assert tagged.run_hours is not None and tagged.due is not None, train.tags
+    placed_by = train.created.timestamp()
+    assert placed_by - 15 * 60 <= tagged.due - 6 * 3600 <= placed_by + 60, (train.created, train.tags)
     gpu_count = pools["ws"].load_sites().get("cloud-eu").gpu_count
     assert f"holding 2 of its {gpu_count} GPUs at site cloud-eu" in logs
     assert any("2 process(es)" in line for line in logs) and any(line.startswith("train epoch 1/") for line in logs)
