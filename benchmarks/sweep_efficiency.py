@@ -16,7 +16,9 @@
    Cost ratio of the sweep's trials (target ≤ 0.6×) **at equal completion time**: all-on-demand
    replays first, then ours with the sweep's deadline set to all-on-demand's completion time (the
    headline, with whether ours met it); also printed: ours with the sweep's own 1.5× deadline slack,
-   cheaper but finishing later.
+   cheaper but finishing later, and the sweep's marginal cost — the whole cluster's cost with the
+   sweep minus without it, ours ÷ all-on-demand's — which also counts what the trace's jobs pay
+   when the trials hold on-prem GPUs they would have used (or the trials pay when they yield).
 
 With ``--served`` parts 1 and 2 run against a throwaway served stack instead (``scripts/stack.py up``:
 Prefect on PostgreSQL with its services, the MLflow server, the study in the stack's PostgreSQL), as
@@ -138,6 +140,10 @@ def simulate(trials: int, parallelism: int) -> None:
     missed = sum(c.ours_equal.missed for _, c in runs)
     print(f"  with the sweep's 1.5x deadline slack: {max(slack):.2f} x at worst of "
           f"{', '.join(f'{r:.2f}' for r in slack)}, finishing up to {late:+.1f} h after all-on-demand")
+    marginal = [c.ratio_marginal for _, c in runs]
+    print(f"  what the sweep adds to the whole cluster's cost (with it minus without it; the trials' own cost "
+          f"leaves out what other jobs pay when the trials hold on-prem GPUs): {max(marginal):.2f} x at worst of "
+          f"{', '.join(f'{r:.2f}' for r in marginal)} at equal completion time")
     print(f"sweep_cost_vs_on_demand: {max(equal):.2f} x at worst of {', '.join(f'{r:.2f}' for r in equal)} at equal "
           f"completion time (deadline = all-on-demand's completion; met at {met} of {len(runs)} arrival points, "
           f"{missed} trials past it, last end {over:+.0f} min vs all-on-demand) "

@@ -18,6 +18,11 @@ not the same service, so ``compare_at_equal_completion`` also replays ours with 
 deadline set to the all-on-demand sweep's own completion time: ours may take spot only where it
 still ends by then (the engine's deadline rule), and the cost ratio is read at that equal
 completion time (``meets`` says whether ours did end by it).
+
+The trials' own cost is not all the sweep costs: where it holds on-prem GPUs that the cluster's
+other jobs would have used, those jobs wait or pay for the cloud instead — and where it yields
+them, the trials pay. ``EqualCompletion.ratio_marginal`` counts both: the whole cluster's cost
+with the sweep minus without it, under each contender.
 """
 
 from __future__ import annotations
@@ -88,6 +93,7 @@ class SweepReplay:
     onprem_gpu_hours: float
     preemptions: int
     failovers: int = 0  # moves of spot runs to another site's spot when theirs was gone
+    cluster_usd: float = math.nan  # every job of the replay (the trace's and the sweep's)
 
 
 def sweep_outcome(name: str, outcomes: Sequence[Outcome], arrival: float) -> SweepReplay:
@@ -98,7 +104,13 @@ def sweep_outcome(name: str, outcomes: Sequence[Outcome], arrival: float) -> Swe
         missed=sum(o.missed for o in trials), spot_gpu_hours=math.fsum(o.spot_gpu_hours for o in trials),
         on_demand_gpu_hours=math.fsum(o.od_gpu_hours for o in trials),
         onprem_gpu_hours=math.fsum(o.onprem_gpu_hours for o in trials), preemptions=sum(o.preemptions for o in trials),
-        failovers=sum(o.failovers for o in trials))
+        failovers=sum(o.failovers for o in trials), cluster_usd=math.fsum(o.cost_usd for o in outcomes))
+
+
+def cluster_cost(scenario: Scenario, jobs: Sequence[SimJob], contender: Contender) -> float:
+    """What every job of ``jobs`` costs under ``contender``."""
+    ordered = sorted(jobs, key=lambda j: (j.arrival, j.id))
+    return math.fsum(o.cost_usd for o in Simulation(scenario, contender).run(ordered))
 
 
 def compare(scenario: Scenario, trace_jobs: Sequence[SimJob], workload: SweepWorkload, arrival: float,
@@ -115,6 +127,8 @@ class EqualCompletion:
     on_demand: SweepReplay
     ours_equal: SweepReplay  # deadline = the all-on-demand sweep's completion time
     ours_slack: SweepReplay  # deadline = the workload's (deadline_slack x the dedicated makespan)
+    ours_alone_usd: float = math.nan  # the trace's jobs without the sweep, under ours
+    on_demand_alone_usd: float = math.nan  # the same under all-on-demand
 
     @property
     def meets(self) -> bool:
@@ -129,6 +143,13 @@ class EqualCompletion:
     def ratio_slack(self) -> float:
         return self.ours_slack.cost_usd / self.on_demand.cost_usd
 
+    @property
+    def ratio_marginal(self) -> float:
+        """At equal completion, what adding the sweep costs the cluster under ours (with minus without)
+        ÷ the same under all-on-demand."""
+        return (self.ours_equal.cluster_usd - self.ours_alone_usd) / (self.on_demand.cluster_usd
+                                                                      - self.on_demand_alone_usd)
+
 
 def compare_at_equal_completion(scenario: Scenario, trace_jobs: Sequence[SimJob], workload: SweepWorkload,
                                 arrival: float, ours: Contender, on_demand: Contender) -> EqualCompletion:
@@ -136,4 +157,6 @@ def compare_at_equal_completion(scenario: Scenario, trace_jobs: Sequence[SimJob]
     od, slack = compare(scenario, trace_jobs, workload, arrival, [on_demand, ours])
     equal = replace(workload, deadline_hours=od.completion_h)
     (eq,) = compare(scenario, trace_jobs, equal, arrival, [ours])
-    return EqualCompletion(on_demand=od, ours_equal=eq, ours_slack=slack)
+    return EqualCompletion(on_demand=od, ours_equal=eq, ours_slack=slack,
+                           ours_alone_usd=cluster_cost(scenario, trace_jobs, ours),
+                           on_demand_alone_usd=cluster_cost(scenario, trace_jobs, on_demand))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from hybridtrain.placement.strategy import ThresholdBurst
 from hybridtrain.simulation.comparison import default_scenario, split
 from hybridtrain.simulation.simulator import Contender, our_policy
@@ -60,6 +62,24 @@ def test_at_equal_completion_ours_gets_all_on_demands_completion_time_as_its_dea
     # Bound by all-on-demand's completion time, ours still ends by it and still costs less.
     assert c.meets and c.ours_equal.missed == 0
     assert c.ratio_equal < 1
+    # All-on-demand's jobs never share a GPU: what the sweep adds to the cluster is what its trials cost.
+    assert c.on_demand.cluster_usd - c.on_demand_alone_usd == pytest.approx(c.on_demand.cost_usd)
+
+
+def test_the_marginal_cost_counts_what_other_jobs_pay_when_the_trials_hold_the_onprem_gpus():
+    """Two 3-h trials take both on-prem GPUs; ten minutes later two standard jobs arrive that must end
+    3.3 h later. Without the sweep they run on-prem; with it they must go to on-demand. The trials'
+    own bill (on-prem) is about a quarter of all-on-demand's; what they cost the cluster is as much."""
+    scenario = default_scenario(capacity=2)
+    t0 = 3 * 86400.0
+    workload = SweepWorkload(n_trials=2, parallelism=2, trial_hours=3.0, pruned_share=0.0)
+    trace = [replace(j, id=f"trace-{i}", job_class="standard", arrival=t0 + 600, deadline=t0 + 600 + 3.3 * 3600)
+             for i, j in enumerate(workload.jobs(t0))]
+    c = compare_at_equal_completion(scenario, trace, workload, t0, our_policy(),
+                                    Contender("all_on_demand", ThresholdBurst(queue_limit=-1)))
+    assert c.ours_equal.onprem_gpu_hours == 6.0 and c.ratio_equal < 0.5
+    assert c.ours_equal.cluster_usd - c.ours_equal.cost_usd > c.ours_alone_usd  # the trace paid the cloud
+    assert c.ratio_marginal == pytest.approx(1.0)
 
 
 def test_at_every_decile_of_the_trace_ours_ends_by_all_on_demands_completion_time():
