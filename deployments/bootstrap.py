@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.workers.process import ProcessWorker
@@ -20,11 +20,23 @@ from hybridtrain.errors import HybridtrainError
 from hybridtrain.service.doctor import check_prefect_api
 from hybridtrain.specs.sites import SitesCatalog
 from hybridtrain.workspace import Workspace
+from orchestration.queues import DEFAULT_QUEUE, is_gpu_pool, pool_queues, tier_queue
 
 
 #: Pool of the control flows (burst-controller, recover-runs; deployments/prefect.yaml): no run limit and a
 #: worker of its own, so the flows that supervise the site pools never wait for a slot in them.
 CONTROL_POOL = "control"
+
+
+#: What the Prefect UI shows under each queue of a GPU pool (the tiers: ``hybridtrain.placement.queue_state``).
+QUEUE_ABOUT = {
+    tier_queue("stay"): "hybridtrain: train runs whose data may not leave this site; served first",
+    tier_queue("on_demand"): "hybridtrain: train runs that could burst to on-demand capacity only",
+    DEFAULT_QUEUE: "runs without a tier (lifecycles, data stages, sweep trials, federated rounds); "
+                   "served as on-demand runs are",
+    tier_queue("spot"): "hybridtrain: train runs that could burst to spot capacity",
+    tier_queue("late"): "hybridtrain: train runs late anyway (not worth a rescue); served last",
+}
 
 
 #: What to do when nothing answers at PREFECT_API_URL (said after the URL and the reason).
@@ -67,7 +79,8 @@ class BootstrapReport:
 
 
 def ensure_pools(catalog: SitesCatalog, report: BootstrapReport) -> None:
-    """One process work pool per environment (a GPU site's pool capped at its GPU count), and the control pool."""
+    """One process work pool per environment (a GPU site's pool capped at its GPU count, with its tier queues),
+    and the control pool."""
     template = ProcessWorker.get_default_base_job_template()
     with get_client(sync_client=True) as client:
         for pool in [*catalog.pools, CONTROL_POOL]:
@@ -82,6 +95,31 @@ def ensure_pools(catalog: SitesCatalog, report: BootstrapReport) -> None:
             except ObjectAlreadyExists:
                 client.update_work_pool(pool, WorkPoolUpdate(concurrency_limit=limit))
                 report.pools_existing.append(pool)
+            if pool != CONTROL_POOL and is_gpu_pool(catalog, pool):
+                ensure_tier_queues(client, pool)
+
+
+def ensure_tier_queues(client: SyncPrefectClient, pool: str) -> None:
+    """``pool``'s work queues with their priorities (``orchestration.queues.pool_queues``): the missing ones
+    created, the others' priorities and descriptions set again (a queue's pause and limit are left as they are).
+    A worker of the pool polls every queue and starts waiting runs by queue priority, then scheduled start time.
+
+    Set in serving order, each through the pool's own queue endpoint (``PATCH /work_pools/{pool}/queues/{name}``;
+    the client's ``update_work_queue`` takes the pool-less one, which writes the number without moving others):
+    Prefect moves a queue that holds a priority being given away one down, so once the last is set these queues
+    hold priorities 1, 2, … and any other queue of the pool comes after them."""
+    have = {q.name for q in client.read_work_queues(work_pool_name=pool)}
+    for name, priority in pool_queues():
+        if name not in have:
+            try:
+                client.create_work_queue(name=name, work_pool_name=pool, priority=priority,
+                                         description=QUEUE_ABOUT[name])
+                continue
+            except ObjectAlreadyExists:  # created meanwhile (another deploy)
+                pass
+        client.request("PATCH", "/work_pools/{work_pool_name}/queues/{name}",
+                       path_params={"work_pool_name": pool, "name": name},
+                       json={"priority": priority, "description": QUEUE_ABOUT[name]})
 
 
 def ensure_blocks(ws: Workspace, catalog: SitesCatalog, report: BootstrapReport) -> None:

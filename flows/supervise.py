@@ -78,13 +78,15 @@ def train_with_recovery(ws: Workspace, job: JobSpec, approved: DatasetVersion, s
         placed = placements.get(site)
         if placed is not None:
             params["capacity_class"] = placed.capacity_class  # spot or on-demand instances, as placed
-        # The run carries its placement (planned hours, work queue, due time) for the controller and queue snapshots;
-        # an urgent one gets a controller pass as soon as it is queued, as in the simulator.
+        # The run carries its placement (planned hours, work queue, due time) for the controller and queue snapshots,
+        # waits in its tier's work queue of the pool, and an urgent one gets a controller pass as soon as it is
+        # queued, as in the simulator.
         tags = decision_tags(placed.run_hours, placed.queue_tier, placed.due_at) if placed is not None else None
         urgent = placed is not None and placed.controller_pass
         try:
             return run_stage(train_stage, Trained, site=site, params=params, ws=ws, run_id=run_id, mode=mode,
                              timeout_s=timeout_s, attempt=attempt_no, tags=tags,
+                             queue_tier=placed.queue_tier if placed is not None else None,
                              after_queued=(lambda _run: pass_at_once(str(ws.root))) if urgent else None)
         except StageFailed as exc:
             end = stages.find_result(ws, run_id, f"train-attempt-{attempt_no}", AttemptEnd)

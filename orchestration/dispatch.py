@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from hybridtrain import stages
 from hybridtrain.errors import SiteUnavailable, StageFailed
 from hybridtrain.workspace import Workspace
+from orchestration.queues import is_gpu_pool, tier_queue
 from tasks.burst import MOVED
 
 Mode = Literal["auto", "inline", "pools"]
@@ -186,9 +187,27 @@ def run_name(stage_flow: Flow, params: dict[str, Any]) -> str | None:
         return None
 
 
+def work_queue(pool: str, gpu_pool: bool, tier: str | None,
+               log: logging.Logger | logging.LoggerAdapter | None = None) -> str | None:
+    """The work queue of ``pool`` a run of queue tier ``tier`` goes to: the tier's queue in a GPU pool, which
+    ``hybridtrain deploy`` gave one per tier (``orchestration.queues.pool_queues``); None — the deployment's own,
+    ``default`` — for a run without a tier, in a pool without GPUs, or in a pool deployed before it had tier
+    queues (said in the log: ``run_deployment`` would create the queue as the pool's last)."""
+    if tier is None or not gpu_pool:
+        return None
+    name = tier_queue(tier)
+    with get_client(sync_client=True) as client:
+        if any(q.name == name for q in client.read_work_queues(work_pool_name=pool)):
+            return name
+    (log or get_run_logger()).warning(
+        "pool %r has no work queue %r, so this %s-tier run waits in its default queue, in arrival order: run "
+        "`hybridtrain deploy` (or `make deploy`) to give the pool its tier queues", pool, name, tier)
+    return None
+
+
 def run_stage(stage_flow: Flow, result_type: type[R], *, site: str, params: dict[str, Any], ws: Workspace,
               run_id: str, mode: Mode, timeout_s: float, attempt: int = 1, tags: list[str] | None = None,
-              after_queued: Callable[[FlowRun], None] | None = None) -> R:
+              queue_tier: str | None = None, after_queued: Callable[[FlowRun], None] | None = None) -> R:
     """Run ``stage_flow`` for ``site``.
 
     ``inline`` runs its body in this process, its tasks inside the calling flow run (the embedded
@@ -196,12 +215,14 @@ def run_stage(stage_flow: Flow, result_type: type[R], *, site: str, params: dict
     run of its deployment for the site's pool and waits: the pool's worker executes it where the
     site is, and the result comes back through the lifecycle's MLflow run. ``auto`` uses the pool
     when that deployment exists (after ``make deploy``), inline otherwise. In a pool the run carries
-    ``tags`` (e.g. the placement's planned hours and work queue), and ``after_queued`` is called
+    ``tags`` (e.g. the placement's planned hours and work queue), waits in the pool's work queue of
+    ``queue_tier`` (its placement's ``QueueTier`` name; ``work_queue``), and ``after_queued`` is called
     with it once it is queued, before the wait (e.g. a burst-controller pass for an urgent run).
     """
     inline = mode == "inline"
     if not inline:
-        pool = ws.load_sites().get(site).work_pool
+        sites = ws.load_sites()
+        pool = sites.get(site).work_pool
         name = deployment_name(stage_flow, pool)
         inline = mode == "auto" and not has_deployment(name)
     if inline:
@@ -216,6 +237,7 @@ def run_stage(stage_flow: Flow, result_type: type[R], *, site: str, params: dict
             pool, name, pool)
     run = run_deployment(name, parameters=payload, timeout=0 if after_queued else timeout_s, poll_interval=POLL_S,
                          flow_run_name=run_name(stage_flow, params), tags=tags,
+                         work_queue_name=work_queue(pool, is_gpu_pool(sites, pool), queue_tier),
                          idempotency_key=f"{run_id}:{stage_flow.name}:{site}:{attempt}")
     if after_queued is not None:
         after_queued(run)

@@ -10,6 +10,10 @@ spec, so the backlog is known in GPUs (``gpus × nodes``) and hours, not just in
 or a federation that fills a pool makes the next job wait or burst as a full pool of train runs
 would. ``runs`` (what the burst controller may move) stays the ``train-stage`` runs: a sweep places
 its own trials. Prefect is imported inside the methods: importing the core stays Prefect-free.
+
+It also names a GPU pool's work queues (``pool_queues``: one per ``QueueTier``, ``tier_queue``, plus
+Prefect's ``default``): ``deployments/bootstrap.py`` creates them with ascending priorities, the train
+dispatch queues a run into its tier's, and the pool's workers start waiting runs in that order.
 """
 
 from __future__ import annotations
@@ -45,6 +49,33 @@ def decision_tags(run_hours: float, queue_tier: str, due_at: datetime | None = N
     if due_at is not None:
         tags.append(f"{DUE_TAG}{due_at.timestamp():.0f}")
     return tags
+
+
+#: The pool's work queue of runs that carry no tier (sweep trials, federated rounds, the lifecycle and
+#: data stages, a run queued by hand): Prefect's own, which every pool has.
+DEFAULT_QUEUE = "default"
+
+
+def tier_queue(tier: QueueTier | str) -> str:
+    """The name of the work queue a GPU pool keeps for ``tier`` (a ``QueueTier`` or its name, e.g. ``"spot"``):
+    ``tier-<rank>-<name>``, so the Prefect UI lists a pool's queues in the order they are served."""
+    t = tier if isinstance(tier, QueueTier) else QueueTier[tier]
+    return f"tier-{int(t)}-{t.name.replace('_', '-')}"
+
+
+def pool_queues() -> list[tuple[str, int]]:
+    """A GPU pool's work queues and their Prefect priorities (1 is served first), in that order: one per
+    ``QueueTier``, and ``DEFAULT_QUEUE`` right after ``on_demand`` — the tier an untagged run counts in
+    for the simulator, the controller's replay and every wait estimate (``PoolRun.tier``)."""
+    names = [tier_queue(t) for t in sorted(QueueTier)]
+    at = names.index(tier_queue(QueueTier.on_demand)) + 1
+    names.insert(at, DEFAULT_QUEUE)
+    return [(name, priority) for priority, name in enumerate(names, start=1)]
+
+
+def is_gpu_pool(sites: SitesCatalog, pool: str) -> bool:
+    """Whether ``pool`` hands out GPU slots (its sites have GPUs): such a pool has the tier queues."""
+    return sum(s.gpu_count for s in sites.by_pool(pool)) > 0
 
 
 @dataclass(frozen=True)
