@@ -38,12 +38,36 @@ def client_env(served):
     os.environ.pop("PREFECT_HOME", None)
     os.environ.update(env)
     with prefect_api_at(stack.prefect_api):
+        # Their schedules (every 10 s here) only in the tests about them (``control_flows_on``): a pass every 5 s
+        # is a process start each, CPU the other tests — and the other test worker — need.
+        control_schedules(paused=True)
         yield stack
     for k, v in old.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+CONTROL_DEPLOYMENTS = ("burst-controller/control", "recover-runs/control")
+
+
+def control_schedules(*, paused: bool) -> None:
+    """Pause the control flows' deployments (Prefect deletes their scheduled runs) or resume them."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        for name in CONTROL_DEPLOYMENTS:
+            dep = client.read_deployment_by_name(name)
+            (client.pause_deployment if paused else client.resume_deployment)(dep.id)
+
+
+@pytest.fixture
+def control_flows_on(client_env):
+    """The burst controller's and the recovery's schedules on for the test, as `make up` leaves them."""
+    control_schedules(paused=False)
+    yield
+    control_schedules(paused=True)
 
 
 def runs_of(flow_name: str):
@@ -149,7 +173,7 @@ def test_the_doctor_names_a_missing_sweeps_database_and_make_up_creates_it(serve
     assert "databases prefect, mlflow, optuna" in proc.stdout
 
 
-def test_burst_controller_and_recovery_run_on_their_own_schedules(served, client_env):
+def test_burst_controller_and_recovery_run_on_their_own_schedules(served, client_env, control_flows_on):
     def completed(flow: str) -> list:
         return [r for r in runs_of(flow) if r.auto_scheduled and r.state and r.state.is_completed()]
 
@@ -163,7 +187,7 @@ def test_burst_controller_and_recovery_run_on_their_own_schedules(served, client
     assert any(abs((b - a).total_seconds() - 10) < 0.01 for a, b in zip(times, times[1:]))
 
 
-def test_a_late_onprem_run_is_moved_by_the_scheduled_burst_controller(served, client_env):
+def test_a_late_onprem_run_is_moved_by_the_scheduled_burst_controller(served, client_env, control_flows_on):
     """As tests/flows/test_placement_and_burst.py, but nobody calls the controller: its schedule does.
 
     The on-prem GPUs are taken by two running trainings (made through the API, no process behind
@@ -215,7 +239,7 @@ def test_a_late_onprem_run_is_moved_by_the_scheduled_burst_controller(served, cl
                 client.set_flow_run_state(fr_id, Cancelled(message="test over"), force=True)
 
 
-def test_a_killed_lifecycle_run_is_resubmitted_by_the_scheduled_recovery(served, client_env):
+def test_a_killed_lifecycle_run_is_resubmitted_by_the_scheduled_recovery(served, client_env, control_flows_on):
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
